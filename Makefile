@@ -1,0 +1,25 @@
+# Every target does its own set-up: it creates .venv and installs what it needs.
+PY := .venv/bin/python
+ALL_EXTRAS := dev,rl,docs,verl,trl
+
+.PHONY: demo test lint docs bench setup
+
+setup:
+	scripts/bootstrap.sh $(ALL_EXTRAS)
+
+## The main job on its built-in default.
+demo: setup
+	$(PY) -m fbands demo
+
+## Lint, the test suite, the docs (warnings are errors) and their doctests.
+test: setup
+	$(PY) -m ruff check fbands tests benchmarks docs
+	$(PY) -m pytest
+	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html -q
+	$(PY) -m sphinx -W --keep-going -b doctest docs docs/_build/doctest -q
+
+docs: setup
+	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
+
+bench: setup
+	$(PY) benchmarks/run.py

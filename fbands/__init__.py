@@ -1,0 +1,1 @@
+"""fbands: probability-aware trust regions for reinforcement learning on language models."""

@@ -1,0 +1,3 @@
+from fbands.cli import main
+
+raise SystemExit(main())

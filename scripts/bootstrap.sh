@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Create (or refresh) the project's virtual environment in .venv and install fbands into it.
+#
+#   scripts/bootstrap.sh [EXTRAS]      e.g. scripts/bootstrap.sh dev,rl,docs,verl,trl
+#
+# torch: if the environment has no torch yet, install $FBANDS_TORCH (default torch==2.13.0,
+# the CPU build that these machines keep on local disk).  A GPU user either sets
+# FBANDS_TORCH (e.g. "torch==2.6.0 --index-url https://download.pytorch.org/whl/cu124") or
+# installs torch into .venv first; an existing torch is never replaced.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-dev}"
+venv="${FBANDS_VENV:-.venv}"
+python="${PYTHON:-python3}"
+
+if [ ! -x "$venv/bin/python" ]; then
+  echo "[bootstrap] creating $venv with $($python --version)"
+  "$python" -m venv "$venv"
+fi
+pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+
+if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
+  spec="${FBANDS_TORCH:-torch==2.13.0}"
+  echo "[bootstrap] installing $spec"
+  # shellcheck disable=SC2086
+  "${pip[@]}" install -q $spec
+fi
+
+# Reinstall only when the project metadata or the extras changed.
+stamp="$venv/.fbands-installed"
+want="$(sha256sum pyproject.toml | cut -d' ' -f1) $extras"
+if [ ! -f "$stamp" ] || ! grep -qxF "$want" "$stamp"; then
+  echo "[bootstrap] installing fbands[$extras] (editable)"
+  "${pip[@]}" install -q -e ".[$extras]"
+  # "$want" may list a subset of what is already there; keep every line seen.
+  echo "$want" >> "$stamp"
+fi
