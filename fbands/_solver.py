@@ -68,6 +68,7 @@ class BandFunction:
 
     def __init__(self, div: Divergence, xp, inputs: Inputs):
         self.xp = xp
+        self.div = div
         self.F, self.dF, self.closed = div.kernels(xp)
         self.x = inputs
         self.p_over_q = xp.exp(inputs.lp - inputs.lq)
@@ -82,6 +83,10 @@ class BandFunction:
             xp.log1p(xp.where(use_log1p, xc, 0.0)),
             log1mexp(xp, xp.minimum(x.lp + s, 0.0)) - x.lq,
         )
+
+    def tail_guess(self):
+        s = _lower_tail(self.div, self.xp, self.x)
+        return None if s is None else self.xp.minimum(s, -1.0)
 
     def _F_c(self, sc):
         # c = 0 (r = 1/p) gives s_c = -inf, where F is its limit f(0).
@@ -118,6 +123,86 @@ class BandFunction:
     def _times(self, w, c):
         # w * c with 0 * inf = inf (the weights here are > 0) but without nan.
         return w * c if math.isfinite(c) else self.xp.where(w > 0, math.inf, 0.0) + 0.0 * w
+
+
+#: Below this log p the band follows from the tails of f alone: the terms neglected are
+#: O(p |log p|^2), below 1e-250 relative.
+LP_TINY = -600.0
+#: Below this log p the closed-form coefficients (products of several p) underflow.
+LP_CLOSED = -150.0
+
+
+class TinyUpper(BandFunction):
+    """Upper edge for ``log p < LP_TINY``, in ``w = log v``, ``v = p r`` in ``(0, 1]``.
+
+    With ``f(u) ~ A u^k (log u)^m`` as ``u -> inf`` (:attr:`Derivation.tail_inf`),
+    ``p f(v / p) -> T(w) = A exp(k w + (1 - k) log p) (w - log p)^m`` and ``q -> 1``, so
+    ``g = T(w) + F(log(1 - v))``.  Each quantity stays representable although ``p`` and
+    ``1/p`` are not.
+    """
+
+    def __init__(self, div: Divergence, xp, inputs: Inputs):
+        super().__init__(div, xp, inputs)
+        self.A, self.k, self.m = div.derivation.tail_inf
+
+    def _T(self, w):
+        xp, lp = self.xp, self.x.lp
+        z = w - lp  # = log r >= 0
+        T = self.A * xp.exp(self.k * w + (1 - self.k) * lp) * (z if self.m else 1.0)
+        return T, T * (self.k + (self.m / z if self.m else 0.0))
+
+    def value_and_slope(self, w):
+        xp = self.xp
+        sc = log1mexp(xp, xp.minimum(w, 0.0 * w))  # log(1 - v)
+        Fc, at_zero = self._F_c(sc)
+        T, dT = self._T(w)
+        safe = xp.where(at_zero, 0.0, sc)
+        slope = dT - xp.exp(w - safe) * self.dF(safe)
+        return T + Fc, xp.where(at_zero, math.inf, slope)
+
+    def value(self, w):
+        return self.value_and_slope(w)[0]
+
+    def guess(self):
+        """Root of ``T(w) = delta`` (the c-term dropped), at most ``log(1/2)``."""
+        xp, x = self.xp, self.x
+        m_term = self.m * xp.log(-x.lp) if self.m else 0.0
+        w = (xp.log(x.delta / self.A) - (1 - self.k) * x.lp - m_term) / self.k
+        return xp.minimum(w, -math.log(2.0))
+
+
+def _lower_tail(div: Divergence, xp, x: Inputs):
+    """``log r`` solving ``p f(r) = delta`` from ``f ~ A r^k (log r)^m`` at 0, or None."""
+    if div.derivation.tail0 is None:
+        return None
+    A, k, m = div.derivation.tail0
+    if m == 0 and k < 0:
+        return (xp.log(x.delta / A) - x.lp) / k
+    if m == 1 and k == 0 and A < 0:
+        return -xp.exp(xp.log(x.delta / -A) - x.lp)
+    return None
+
+
+def _solve_tiny(div: Divergence, xp, x: Inputs, fixed_iter):
+    """Log-edges for ``log p < LP_TINY`` (nan where the tails of f are unknown)."""
+    d = div.derivation
+    nan = 0.0 * x.lp + math.nan
+    minus_inf = 0.0 * x.lp - math.inf
+    if d.tail_inf is None or not d.tail_inf[0] > 0:
+        s_hi = nan
+    else:
+        fun = TinyUpper(div, xp, x)
+        w = newton_edge(fun, "upper", fun.guess(), minus_inf, 0.0 * x.lp,
+                        fixed_iter=fixed_iter)
+        T1, _ = fun._T(0.0 * x.lp)
+        w = xp.where(T1 + div.f0 <= x.delta, 0.0, w)
+        s_hi = w - x.lp
+    if math.isfinite(d.f0):
+        s_lo = minus_inf  # p f(0) -> 0: the ball reaches r = 0
+    else:
+        s_lo = _lower_tail(div, xp, x)
+        s_lo = nan if s_lo is None else s_lo
+    return s_lo, s_hi
 
 
 def quadratic_roots(xp, a2, a1, a0):
@@ -187,7 +272,9 @@ def _initial_guess(fun: BandFunction, curvature: float, edge: str):
     w = xp.sqrt(2.0 * x.delta / (k * fun.p_over_q))
     if edge == "upper":
         return xp.minimum(xp.log1p(w), -0.5 * x.lp)
-    return -w
+    # Far from 1, the leading behaviour of f at 0 (p f(r) = delta) is the better guess.
+    tail = fun.tail_guess()
+    return xp.where(w < 0.5, xp.log1p(-xp.minimum(w, 0.5)), -w if tail is None else tail)
 
 
 def newton_edge(fun: BandFunction, edge: str, s0, lo, hi, *, max_iter: int = 200, fixed_iter=None):
@@ -213,9 +300,14 @@ def newton_edge(fun: BandFunction, edge: str, s0, lo, hi, *, max_iter: int = 200
         step = r / slope
         cand = s - step
         inside = (cand > lo) & (cand < hi)  # False for nan
-        mid = xp.where(xp.isfinite(lo), 0.5 * (lo + hi), hi - xp.maximum(xp.abs(hi), 1.0))
+        # Bisection: arithmetic, geometric across orders of magnitude, doubling while the
+        # bracket is open to the left.
+        alo, ahi = xp.maximum(xp.abs(lo), 1.0), xp.maximum(xp.abs(hi), 1.0)
+        far = (lo * hi >= 0) & ((alo > 4.0 * ahi) | (ahi > 4.0 * alo))
+        mid = xp.where(far, xp.sign(lo + hi) * xp.sqrt(alo * ahi), 0.5 * (lo + hi))
+        mid = xp.where(xp.isfinite(lo), mid, hi - xp.maximum(xp.abs(hi), 1.0))
         small = xp.abs(step) <= 1e-12 * xp.abs(s)
-        converged = (r == 0) | (small & xp.isfinite(r))
+        converged = (r == 0) | (small & xp.isfinite(r) & xp.isfinite(slope) & (slope != 0))
         converged = converged | (hi - lo <= 4e-16 * xp.maximum(xp.abs(hi), 1e-300))
         new = xp.where(converged | inside, xp.minimum(xp.maximum(cand, lo), hi), mid)
         s = xp.where(done, s, new)
@@ -225,33 +317,38 @@ def newton_edge(fun: BandFunction, edge: str, s0, lo, hi, *, max_iter: int = 200
     return s
 
 
-def solve(div: Divergence, xp, inputs: Inputs, *, fixed_iter=None):
-    """Log-edges ``(log lower, log upper)`` for broadcast inputs (see :class:`Inputs`)."""
-    fun = BandFunction(div, xp, inputs)
+def solve(div: Divergence, xp, inputs: Inputs, *, fixed_iter=None, tiny=None):
+    """Log-edges ``(log lower, log upper)`` for broadcast inputs (see :class:`Inputs`).
+
+    ``tiny``: whether some ``log p`` lies below ``LP_CLOSED`` (closed forms then lose their
+    coefficients to underflow and Newton takes over) or ``LP_TINY`` (the tails of f take
+    over).  None looks at the data, which costs a host synchronisation on a device.
+    """
     x = inputs
-    top = -x.lp
+    fun = BandFunction(div, xp, x)
     zero_s = 0.0 * x.lp
+    no_closed = x.lp < LP_CLOSED
+    if tiny is None:
+        tiny = bool(no_closed.any())
 
-    # Upper edge.
-    if "upper" in fun.closed:
-        s_hi, close = _closed_edge(fun, "upper")
-        s_hi = xp.where(close, polish(fun, s_hi, zero_s, top), s_hi)
-    else:
-        s_hi = newton_edge(
-            fun, "upper", _initial_guess(fun, div.curvature, "upper"), zero_s, top,
-            fixed_iter=fixed_iter,
-        )
+    def edge(name, lo, hi):
+        newton = None
+        if name not in fun.closed or tiny:
+            guess = _initial_guess(fun, div.curvature, name)
+            newton = newton_edge(fun, name, guess, lo, hi, fixed_iter=fixed_iter)
+        if name not in fun.closed:
+            return newton
+        s, close = _closed_edge(fun, name)
+        s = xp.where(close, polish(fun, s, lo, hi), s)
+        return s if newton is None else xp.where(no_closed, newton, s)
+
+    top = -x.lp
+    s_hi = edge("upper", zero_s, top)
     s_hi = xp.where(fun.at_top() <= x.delta, top, xp.minimum(xp.maximum(s_hi, zero_s), top))
-
-    # Lower edge.
-    saturated = fun.at_zero() <= x.delta
-    if "lower" in fun.closed:
-        s_lo, close = _closed_edge(fun, "lower")
-        s_lo = xp.where(close, polish(fun, s_lo, zero_s - math.inf, zero_s), s_lo)
-    else:
-        s_lo = newton_edge(
-            fun, "lower", _initial_guess(fun, div.curvature, "lower"), zero_s - math.inf,
-            zero_s, fixed_iter=fixed_iter,
-        )
-    s_lo = xp.where(saturated, -math.inf, xp.minimum(s_lo, zero_s))
+    s_lo = edge("lower", zero_s - math.inf, zero_s)
+    s_lo = xp.where(fun.at_zero() <= x.delta, -math.inf, xp.minimum(s_lo, zero_s))
+    if tiny:
+        t_lo, t_hi = _solve_tiny(div, xp, x, fixed_iter)
+        small = x.lp < LP_TINY
+        s_lo, s_hi = xp.where(small, t_lo, s_lo), xp.where(small, t_hi, s_hi)
     return s_lo, s_hi

@@ -76,6 +76,8 @@ class Derivation:
     fpp1: float  # f''(1)
     upper: ClosedForm | None
     lower: ClosedForm | None
+    tail0: tuple[float, float, int] | None = None  # f ~ A u**k (log u)**m as u -> 0
+    tail_inf: tuple[float, float, int] | None = None  # ... as u -> inf
 
 
 # ----------------------------------------------------------------------------- derivation
@@ -203,18 +205,42 @@ def _curvature_at_one(f: sp.Expr) -> float:
     return math.inf if jump.is_positive else float("nan")
 
 
+def _tail(f: sp.Expr, point) -> tuple[float, float, int] | None:
+    """``(A, k, m)`` with ``f(u) ~ A u**k (log u)**m`` as ``u -> point`` (m in {0, 1}).
+
+    Used only where ``p`` is so small (``log p < -600``) that the band follows from the
+    leading behaviour of ``f`` alone.  None when sympy cannot find such a form.
+    """
+    direction = "+" if point == 0 else "-"
+    try:
+        k = sp.limit(U * sp.diff(f, U) / f, U, point, direction)
+        if not (k.is_real and k.is_finite):
+            return None
+        for m in (0, 1):
+            A = sp.limit(f / (U**k * sp.log(U) ** m), U, point, direction)
+            if A.is_real and A.is_finite and A != 0:
+                return float(A), float(k), m
+    except Exception:  # noqa: BLE001 - sympy's limit raises assorted errors
+        return None
+    return None
+
+
 def derive(f: sp.Expr, *, closed_forms: bool = True) -> Derivation:
     """Derive the solver's ingredients from a generator ``f`` in the symbol :data:`U`."""
     F = sp.simplify(sp.expand_log(f.subs(U, sp.exp(S)), force=True))
     F_far = _optimize(F)
     F_near = _optimize(_near_form(F))
-    dF = _optimize(sp.simplify(sp.diff(F, S)))
+    dF = sp.diff(F, S)
+    # simplify() turns sign(x) into x / |x|, which overflows for large x: keep sign then.
+    dF = _optimize(dF if dF.has(sp.sign, sp.Abs) else sp.simplify(dF))
     f0 = _to_float(sp.limit(f, U, 0, "+"))
     fpinf = _to_float(sp.limit(f / U, U, sp.oo))
     fpp1 = _curvature_at_one(f)
     upper = _closed_form(f, "upper") if closed_forms else None
     lower = _closed_form(f, "lower") if closed_forms else None
-    return Derivation(f, F_near, F_far, dF, f0, fpinf, fpp1, upper, lower)
+    tail0 = _tail(f, 0) if math.isinf(f0) else None
+    tail_inf = _tail(f, sp.oo)
+    return Derivation(f, F_near, F_far, dF, f0, fpinf, fpp1, upper, lower, tail0, tail_inf)
 
 
 # ----------------------------------------------------------------------------- code generation
