@@ -5,9 +5,9 @@ with a name.  Everything the band solvers use is derived from ``f`` on first use
 (:func:`fbands.symbolic.derive`) and cached, so adding a divergence is one line::
 
     >>> import fbands
-    >>> d = fbands.register("squared_log", "log(u)**2 / 2", overwrite=True)
-    >>> d.name, d.f0
-    ('squared_log', inf)
+    >>> d = fbands.register("triangular", "(u - 1)**2 / (u + 1)", overwrite=True)
+    >>> d.name, d.f0, d.fprime_inf
+    ('triangular', 1.0, 1.0)
 
 The built-in generators follow THEORY's conventions (no hidden factors of 1/2):
 

@@ -127,7 +127,7 @@ def reference_band(
         problem.solve(solver=solver)
         if problem.status not in ("optimal", "optimal_inaccurate"):
             raise RuntimeError(f"cvxpy could not solve the band problem: {problem.status}")
-        out.append(max(float(problem.value), 0.0) / old[index])
+        out.append(max(float(problem.value), 0.0) / float(old[index]))
     return out[0], out[1]
 
 
