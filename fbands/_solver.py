@@ -66,9 +66,9 @@ def log1mexp(xp, z):
 class BandFunction:
     """``g(s)`` and ``g'(s)`` of one divergence for fixed inputs."""
 
-    def __init__(self, div: Divergence, xp, inputs: Inputs):
+    def __init__(self, div: Divergence, xp, inputs: Inputs, kernels=None):
         self.xp = xp
-        self.F, self.dF, self.closed = div.kernels(xp)
+        self.F, self.dF, self.closed = div.kernels(xp) if kernels is None else kernels
         self.x = inputs
         self.p_over_q = xp.exp(inputs.lp - inputs.lq)
         self.f0 = div.f0
@@ -225,9 +225,13 @@ def newton_edge(fun: BandFunction, edge: str, s0, lo, hi, *, max_iter: int = 200
     return s
 
 
-def solve(div: Divergence, xp, inputs: Inputs, *, fixed_iter=None):
-    """Log-edges ``(log lower, log upper)`` for broadcast inputs (see :class:`Inputs`)."""
-    fun = BandFunction(div, xp, inputs)
+def solve(div: Divergence, xp, inputs: Inputs, *, fixed_iter=None, kernels=None):
+    """Log-edges ``(log lower, log upper)`` for broadcast inputs (see :class:`Inputs`).
+
+    ``kernels`` are ``div.kernels(xp)`` when the caller has them at hand already (a traced
+    torch function cannot call into sympy or look them up by object identity).
+    """
+    fun = BandFunction(div, xp, inputs, kernels)
     x = inputs
     top = -x.lp
     zero_s = 0.0 * x.lp
