@@ -66,7 +66,7 @@ def log1mexp(xp, z):
 class BandFunction:
     """``g(s)`` and ``g'(s)`` of one divergence for fixed inputs."""
 
-    def __init__(self, div: Divergence, xp, inputs: Inputs):
+    def __init__(self, div: Divergence, xp, inputs: Inputs, kernels=None):
         self.xp = xp
         self.div = div
         self.F, self.dF, self.closed = div.kernels(xp)
@@ -142,8 +142,8 @@ class TinyUpper(BandFunction):
     ``1/p`` are not.
     """
 
-    def __init__(self, div: Divergence, xp, inputs: Inputs):
-        super().__init__(div, xp, inputs)
+    def __init__(self, div: Divergence, xp, inputs: Inputs, kernels=None):
+        super().__init__(div, xp, inputs, kernels)
         self.A, self.k, self.m, self.B = div.derivation.tail_inf
 
     def _T(self, w):
@@ -192,13 +192,13 @@ class AtOne(BandFunction):
         return self.value_and_slope(s)[0]
 
 
-def _solve_at_one(div: Divergence, xp, x: Inputs, fixed_iter):
+def _solve_at_one(div: Divergence, xp, x: Inputs, fixed_iter, kernels=None):
     zero = 0.0 * x.lp
     if math.isinf(div.fprime_inf):
         return zero  # f'(inf) = inf: nothing may leave a token of probability 1
     if div.f0 + div.fprime_inf <= 0:  # pragma: no cover - excluded by convexity
         return zero - math.inf
-    fun = AtOne(div, xp, x)
+    fun = AtOne(div, xp, x, kernels)
     s = newton_edge(fun, "lower", zero - 0.1, zero - math.inf, zero, fixed_iter=fixed_iter)
     return xp.where(div.f0 + div.fprime_inf <= x.delta, -math.inf, xp.minimum(s, zero))
 
@@ -215,7 +215,7 @@ def _lower_tail(div: Divergence, xp, x: Inputs):
     return None
 
 
-def _solve_tiny(div: Divergence, xp, x: Inputs, fixed_iter):
+def _solve_tiny(div: Divergence, xp, x: Inputs, fixed_iter, kernels=None):
     """Log-edges for ``log p < LP_TINY`` (nan where the tails of f are unknown)."""
     d = div.derivation
     nan = 0.0 * x.lp + math.nan
@@ -223,7 +223,7 @@ def _solve_tiny(div: Divergence, xp, x: Inputs, fixed_iter):
     if d.tail_inf is None or not d.tail_inf[0] > 0:
         s_hi = nan
     else:
-        fun = TinyUpper(div, xp, x)
+        fun = TinyUpper(div, xp, x, kernels)
         w = newton_edge(fun, "upper", fun.guess(), minus_inf, 0.0 * x.lp,
                         fixed_iter=fixed_iter)
         T1, _ = fun._T(0.0 * x.lp)
@@ -350,7 +350,7 @@ def newton_edge(fun: BandFunction, edge: str, s0, lo, hi, *, max_iter: int = 200
 
 
 def solve(div: Divergence, xp, inputs: Inputs, *, fixed_iter=None, tiny=None, at_one=None,
-          closed_forms: bool = True):
+          closed_forms: bool = True, kernels=None):
     """Log-edges ``(log lower, log upper)`` for broadcast inputs (see :class:`Inputs`).
 
     ``tiny``: whether some ``log p`` lies below ``LP_CLOSED`` (closed forms then lose their
@@ -358,10 +358,11 @@ def solve(div: Divergence, xp, inputs: Inputs, *, fixed_iter=None, tiny=None, at
     over).  None looks at the data, which costs a host synchronisation on a device.
     ``at_one``: whether some ``p == 1`` (their lower edge is solved from the limit equation);
     None looks at the data.  ``closed_forms=False`` runs the root finder everywhere (to check
-    the closed forms).
+    the closed forms).  ``kernels`` are ``div.kernels(xp)`` when the caller has them at hand
+    already (a traced torch function cannot call into sympy or look them up by identity).
     """
     x = inputs
-    fun = BandFunction(div, xp, x)
+    fun = BandFunction(div, xp, x, kernels)
     if not closed_forms:
         fun.closed = {}
     zero_s = 0.0 * x.lp
@@ -386,13 +387,13 @@ def solve(div: Divergence, xp, inputs: Inputs, *, fixed_iter=None, tiny=None, at
     s_lo = edge("lower", zero_s - math.inf, zero_s)
     s_lo = xp.where(fun.at_zero() <= x.delta, -math.inf, xp.minimum(s_lo, zero_s))
     if tiny:
-        t_lo, t_hi = _solve_tiny(div, xp, x, fixed_iter)
+        t_lo, t_hi = _solve_tiny(div, xp, x, fixed_iter, kernels)
         small = x.lp < LP_TINY
         s_lo, s_hi = xp.where(small, t_lo, s_lo), xp.where(small, t_hi, s_hi)
     one = x.lp == 0
     if at_one is None:
         at_one = bool(one.any())
     if at_one:
-        s_lo = xp.where(one, _solve_at_one(div, xp, x, fixed_iter), s_lo)
+        s_lo = xp.where(one, _solve_at_one(div, xp, x, fixed_iter, kernels), s_lo)
         s_hi = xp.where(one, zero_s, s_hi)
     return s_lo, s_hi
