@@ -69,7 +69,7 @@ class BandFunction:
     def __init__(self, div: Divergence, xp, inputs: Inputs, kernels=None):
         self.xp = xp
         self.div = div
-        self.F, self.dF, self.closed = div.kernels(xp)
+        self.F, self.dF, self.closed = div.kernels(xp) if kernels is None else kernels
         self.x = inputs
         self.p_over_q = xp.exp(inputs.lp - inputs.lq)
         self.f0 = div.f0
@@ -349,6 +349,21 @@ def newton_edge(fun: BandFunction, edge: str, s0, lo, hi, *, max_iter: int = 200
     return s
 
 
+def _edge(fun: BandFunction, name: str, lo, hi, fixed_iter, tiny: bool, no_closed):
+    """One edge before saturation: closed form where there is one (and log p is not below
+    LP_CLOSED), Newton elsewhere."""
+    xp = fun.xp
+    newton = None
+    if name not in fun.closed or tiny:
+        guess = _initial_guess(fun, fun.div.curvature, name)
+        newton = newton_edge(fun, name, guess, lo, hi, fixed_iter=fixed_iter)
+    if name not in fun.closed:
+        return newton
+    s, close = _closed_edge(fun, name)
+    s = xp.where(close, polish(fun, s, lo, hi), s)
+    return s if newton is None else xp.where(no_closed, newton, s)
+
+
 def solve(div: Divergence, xp, inputs: Inputs, *, fixed_iter=None, tiny=None, at_one=None,
           closed_forms: bool = True, kernels=None):
     """Log-edges ``(log lower, log upper)`` for broadcast inputs (see :class:`Inputs`).
@@ -370,21 +385,10 @@ def solve(div: Divergence, xp, inputs: Inputs, *, fixed_iter=None, tiny=None, at
     if tiny is None:
         tiny = bool(no_closed.any())
 
-    def edge(name, lo, hi):
-        newton = None
-        if name not in fun.closed or tiny:
-            guess = _initial_guess(fun, div.curvature, name)
-            newton = newton_edge(fun, name, guess, lo, hi, fixed_iter=fixed_iter)
-        if name not in fun.closed:
-            return newton
-        s, close = _closed_edge(fun, name)
-        s = xp.where(close, polish(fun, s, lo, hi), s)
-        return s if newton is None else xp.where(no_closed, newton, s)
-
     top = -x.lp
-    s_hi = edge("upper", zero_s, top)
+    s_hi = _edge(fun, "upper", zero_s, top, fixed_iter, tiny, no_closed)
     s_hi = xp.where(fun.at_top() <= x.delta, top, xp.minimum(xp.maximum(s_hi, zero_s), top))
-    s_lo = edge("lower", zero_s - math.inf, zero_s)
+    s_lo = _edge(fun, "lower", zero_s - math.inf, zero_s, fixed_iter, tiny, no_closed)
     s_lo = xp.where(fun.at_zero() <= x.delta, -math.inf, xp.minimum(s_lo, zero_s))
     if tiny:
         t_lo, t_hi = _solve_tiny(div, xp, x, fixed_iter, kernels)

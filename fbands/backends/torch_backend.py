@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fbands._solver import Inputs, solve
+from fbands._solver import LP_CLOSED, Inputs, solve
 from fbands.errors import BandError
 
 __all__ = ["FIXED_ITER", "TorchNamespace", "compute_dtype", "log_edges", "edges"]
@@ -200,19 +200,27 @@ def _kernels(div, dtype: torch.dtype):
     return found
 
 
-def solve_log_edges(div, x: Inputs, *, fixed_iter: int | None = None):
-    """``(log lower, log upper)`` for prepared inputs, with no host synchronisation."""
+def solve_log_edges(div, x: Inputs, *, fixed_iter: int | None = None, tiny=True, at_one=True):
+    """``(log lower, log upper)`` for prepared inputs, with no host synchronisation.
+
+    ``tiny`` and ``at_one`` say whether the inputs may hold ``log p < LP_CLOSED`` or
+    ``p == 1`` (see :func:`fbands._solver.solve`); True is always right, False saves work.
+    """
     dtype = x.lp.dtype
     return solve(
         div, _namespace(dtype), x, kernels=_kernels(div, dtype),
-        fixed_iter=FIXED_ITER if fixed_iter is None else fixed_iter,
+        fixed_iter=FIXED_ITER if fixed_iter is None else fixed_iter, tiny=tiny, at_one=at_one,
     )
 
 
 def _run(div, p, delta, *, logp, invalid, check, log):
     with torch.no_grad():
         kind, out_dtype, x, bad = _prepare(p, delta, logp=logp, invalid=invalid, check=check)
-        lo, hi = solve_log_edges(div, x)
+        if check:  # validation synchronised already: look at the data to skip unused paths
+            tiny, at_one = bool((x.lp < LP_CLOSED).any()), bool((x.lp == 0).any())
+        else:
+            tiny = at_one = True
+        lo, hi = solve_log_edges(div, x, tiny=tiny, at_one=at_one)
         return _finish(kind, out_dtype, x, bad, lo, hi, log=log)
 
 
