@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -255,3 +256,17 @@ def test_clip_method_reproduces_trl_loss(twin_trainers, loss_type, extras):
     region = ref._metrics["train"]["clip_ratio/region_mean"][-1]
     assert region > 0  # the fixed clip did act on this batch
     assert band._metrics["train"]["clip_ratio/region_mean"][-1] == pytest.approx(region)
+
+
+def test_guide_laptop_example_runs(tmp_path, monkeypatch):
+    """The offline script of docs/guides/trl.md, executed as written."""
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "trl.md").read_text()
+    section = guide[guide.index("## A run on a laptop") :]
+    start = section.index("```python\n") + len("```python\n")
+    code = section[start : section.index("```", start)]
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(code, "docs/guides/trl.md", "exec"), namespace)
+    logs = [e for e in namespace["trainer"].state.log_history if "band/clipfrac" in e]
+    assert len(logs) == 4
+    assert max(e["band/clipfrac"] for e in logs) > 0

@@ -119,6 +119,7 @@ class BandGRPOConfig(GRPOConfig):
 
     Examples
     --------
+    >>> from fbands.integrations.trl import BandGRPOConfig
     >>> args = BandGRPOConfig(output_dir="/tmp/out", band_div="tv", band_delta=0.1,
     ...                       report_to="none", use_cpu=True)
     >>> cfg = args.band_loss_config()

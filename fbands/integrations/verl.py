@@ -113,6 +113,7 @@ class BandPolicyLossConfig(PolicyLossConfig):
 
     Examples
     --------
+    >>> from fbands.integrations.verl import BandPolicyLossConfig, loss_config
     >>> cfg = BandPolicyLossConfig(loss_mode="band", div="tv", delta=0.1)
     >>> loss_config(cfg).method, loss_config(cfg).div, loss_config(cfg).delta
     ('band_clip', 'tv', 0.1)
@@ -182,6 +183,7 @@ def loss_config(
 
     Examples
     --------
+    >>> from fbands.integrations.verl import loss_config
     >>> cfg = loss_config({"loss_mode": "band_mask", "div": "tv", "delta": 0.2})
     >>> cfg.method, cfg.div, cfg.delta, cfg.eps_high
     ('band_mask', 'tv', 0.2, 0.2)
@@ -239,6 +241,8 @@ def aggregation_weights(
 
     Examples
     --------
+    >>> import torch
+    >>> from fbands.integrations.verl import aggregation_weights
     >>> mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     >>> aggregation_weights(mask, "seq-mean-token-mean", torch.float64)
     tensor([[0.2500, 0.2500, 0.0000],
@@ -384,6 +388,7 @@ def register() -> list[str]:
     Examples
     --------
     >>> from verl.trainer.ppo.core_algos import get_policy_loss_fn
+    >>> from fbands.integrations.verl import register
     >>> register()
     ['band', 'band_mask', 'band_gppo', 'fbands']
     >>> get_policy_loss_fn("band").__name__
