@@ -52,7 +52,13 @@ from trl import GRPOConfig, GRPOTrainer
 import fbands
 from fbands import losses as fl
 
-__all__ = ["BandGRPOConfig", "BandGRPOTrainer", "BandInactiveWarning", "TRLBandError"]
+__all__ = [
+    "SUPPORTED_LOSS_TYPES",
+    "BandGRPOConfig",
+    "BandGRPOTrainer",
+    "BandInactiveWarning",
+    "TRLBandError",
+]
 
 #: TRL loss types whose normalisation the band trainer keeps.
 SUPPORTED_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")

@@ -47,6 +47,7 @@ __all__ = [
     "ENTRY_POINT",
     "LOSS_MODES",
     "BandPolicyLossConfig",
+    "VerlBandError",
     "loss_config",
     "aggregation_weights",
     "compute_policy_loss",
