@@ -252,6 +252,7 @@ def test_aggregation_weights_reproduce_verl_agg_loss():
     from verl.trainer.ppo.core_algos import agg_loss
 
     _, _, _, mask = batch()
+    mask[3] = False  # a fully masked sequence: verl leaves it out of the sequence count
     values = torch.randn(mask.shape, dtype=torch.float64)
     for mode in fl.AGG_MODES:
         for info in ({}, {"dp_size": 4, "batch_num_tokens": 50, "global_batch_size": 12}):
