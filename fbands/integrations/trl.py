@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 
 import torch
 from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import nanmax, nanmin
 
 import fbands
 from fbands import losses as fl
@@ -358,12 +359,12 @@ class BandGRPOTrainer(GRPOTrainer):
         m["clip_ratio/low_mean"].append(self._global_masked_mean(low, mask))
         m["clip_ratio/high_mean"].append(self._global_masked_mean(high, mask))
         m["clip_ratio/region_mean"].append(self._global_masked_mean(torch.maximum(low, high), mask))
-        per_seq = mask.sum(-1).clamp(min=1.0)
+        tokens = mask.sum(-1)  # a sequence without tokens gives NaN and is skipped
         m["clip_ratio/low_min"].append(
-            self.accelerator.gather((low * mask).sum(-1) / per_seq).min().item()
+            nanmin(self.accelerator.gather((low * mask).sum(-1) / tokens)).item()
         )
         m["clip_ratio/high_max"].append(
-            self.accelerator.gather((high * mask).sum(-1) / per_seq).max().item()
+            nanmax(self.accelerator.gather((high * mask).sum(-1) / tokens)).item()
         )
         names = list(band_metrics)
         values = torch.stack([band_metrics[k].detach().float().reshape(()) for k in names])
