@@ -190,6 +190,49 @@ def test_value_and_gradient_match_fbands(name, fields, cfg, agg):
         assert metrics[f"actor/band/{key}"] == pytest.approx(value.item(), rel=1e-6, abs=1e-7)
 
 
+def test_verl_worker_loss_path_runs_the_band():
+    """verl's own ppo_loss (what the actor worker calls) with a config from the overrides."""
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.metric import Metric
+    from verl.workers.utils.losses import ppo_loss
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    actor = band_actor("actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean")
+    g = torch.Generator().manual_seed(17)
+    rows, prompt_len, response_len = 3, 2, 4
+    response_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]])
+    attention_mask = torch.cat([torch.ones(rows, prompt_len, dtype=torch.long), response_mask], 1)
+    flat_log_probs = torch.log(torch.rand(int(attention_mask.sum()), generator=g) * 0.9 + 0.05)
+    flat_log_probs.requires_grad_()
+    data = tu.get_tensordict(
+        {
+            "prompts": torch.randint(5, 30, (rows, prompt_len), generator=g),
+            "responses": torch.randint(5, 30, (rows, response_len), generator=g),
+            "attention_mask": attention_mask,
+            "response_mask": response_mask,
+            "old_log_probs": torch.log(torch.rand(rows, response_len, generator=g) * 0.9 + 0.05),
+            "advantages": torch.randn(rows, 1, generator=g).expand(rows, response_len),
+        },
+        non_tensor_dict={"dp_size": 1, "batch_num_tokens": None, "global_batch_size": None},
+    )
+    try:
+        loss, metrics = ppo_loss(actor, {"log_probs": flat_log_probs}, data)
+    finally:
+        actor.global_batch_info.clear()
+    (grad,) = torch.autograd.grad(loss, flat_log_probs)
+    assert isinstance(metrics["actor/band/clipfrac"], Metric)
+    assert metrics["actor/pg_clipfrac"].aggregate() > 0
+
+    log_prob = no_padding_2_padding(flat_log_probs, data)  # (rows, response_len)
+    cfg = fl.LossConfig(method="band_clip", div="tv", delta=0.1, agg="seq-mean-token-mean")
+    ref_loss, _ = fl.policy_loss(
+        data["old_log_probs"], log_prob, data["advantages"], response_mask, cfg
+    )
+    (ref_grad,) = torch.autograd.grad(ref_loss, flat_log_probs)
+    torch.testing.assert_close(loss, ref_loss)
+    torch.testing.assert_close(grad, ref_grad)
+
+
 def test_metrics_use_verl_names_and_definitions():
     old, new, adv, mask = batch(seed=5)
     _, _, metrics = call("band", old, new, adv, mask, band_actor())
