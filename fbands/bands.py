@@ -221,7 +221,8 @@ class NumpyInputs:
                 hi = np.where(top, 1.0 / self.p, np.exp(hi))
             lo = np.where(self.bad, math.nan, lo)
             hi = np.where(self.bad, math.nan, hi)
-            lo, hi = lo.astype(self.dtype), hi.astype(self.dtype)
+            # + 0.0 turns the -0.0 of log(1) into 0.0.
+            lo, hi = (lo + 0.0).astype(self.dtype), (hi + 0.0).astype(self.dtype)
         if self.scalar:
             return float(lo), float(hi)
         return lo.reshape(self.shape), hi.reshape(self.shape)
