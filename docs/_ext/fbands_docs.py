@@ -547,6 +547,29 @@ def generate(app=None) -> None:
         stamp.write_text(digest)
 
 
+def module_namespace_for_doctests(app, what, name, obj, options, lines) -> None:
+    """Run a module's docstring examples in that module's namespace.
+
+    ``pytest --doctest-modules`` gives each docstring example the globals of its module, so
+    examples may use the module's names without importing them.  Sphinx's doctest builder
+    does not; this prepends a hidden ``testsetup`` to each fbands module docstring that loads
+    the module's public and private names (not its dunders) into the examples' namespace.
+    """
+    if what != "module" or not (name == "fbands" or name.startswith("fbands.")):
+        return
+    lines[:0] = [
+        ".. testsetup::",
+        "",
+        "   import importlib as _importlib",
+        f"   _module = _importlib.import_module({name!r})",
+        "   globals().update(",
+        "       {k: v for k, v in vars(_module).items() if not k.startswith('__')}",
+        "   )",
+        "",
+    ]
+
+
 def setup(app):
     app.connect("builder-inited", generate)
+    app.connect("autodoc-process-docstring", module_namespace_for_doctests)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
