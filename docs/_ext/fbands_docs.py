@@ -432,6 +432,90 @@ def write_catalogue(outdir: Path = GENERATED) -> Path:
     return page
 
 
+# ----------------------------------------------------------------------------- theory figures
+
+
+def _dcpo_edges(p, eps_low: float = 0.16, eps_high: float = 0.2, cap: float = 10.0):
+    """DCPO's clip bounds, as written in docs/theory/related.md."""
+    import numpy as np
+
+    lower = 0.5 + 0.5 * np.sqrt(np.maximum(0.0, 1.0 - 4.0 * eps_low / p))
+    upper = np.minimum(0.5 + 0.5 * np.sqrt(1.0 + 4.0 * eps_high / p), cap)
+    return lower, upper
+
+
+def write_theory_figures(outdir: Path = GENERATED) -> list[Path]:
+    """Figures of the theory pages: the band as a sub-level set of g, and the related methods."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    import fbands
+
+    figdir = outdir / "theory"
+    figdir.mkdir(parents=True, exist_ok=True)
+    paths = []
+
+    # g_f(p, r) for kl at several p: the band is where the curve is below delta.
+    fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100)
+    delta = 0.05
+    for p, color in ((0.5, "tab:blue"), (0.1, "tab:orange"), (0.02, "tab:green")):
+        r = np.linspace(1e-3, min(1 / p, 6.0), 600)[:-1]
+        c = (1 - r * p) / (1 - p)
+        g = -p * np.log(r) - (1 - p) * np.log(c)
+        ax.plot(r, g, color=color, lw=1.8, label=f"p = {p:g}")
+        lo, hi = fbands.bounds(p, delta, "kl")
+        ax.plot([lo, hi], [delta, delta], "o", color=color, ms=5)
+    ax.axhline(delta, color="0.3", lw=1, ls="--", label=f"delta = {delta:g}")
+    ax.set_ylim(0, 0.3)
+    ax.set_xlim(0, 6)
+    ax.set_xlabel("ratio r")
+    ax.set_ylabel("g(p, r) for kl")
+    ax.set_title("the band is the sub-level set {g <= delta}; dots: its edges")
+    ax.legend(fontsize=8)
+    ax.grid(True, lw=0.4, alpha=0.6)
+    fig.tight_layout()
+    paths.append(figdir / "g_function.png")
+    fig.savefig(paths[-1])
+    plt.close(fig)
+
+    # The intervals of the related methods against p.
+    p = np.logspace(-4, 0, 161)[:-1]
+    fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=100)
+    lo, hi = fbands.bounds(p, delta, "kl")
+    dlo, dhi = _dcpo_edges(p)
+    curves = [  # (label, lower, upper, colour, style, width)
+        ("BandPO band-kl 0.05", lo, hi, "tab:blue", "-", 3.5),
+        ("PPO clip [0.8, 1.2]", np.full_like(p, 0.8), np.full_like(p, 1.2), "0.3", ":", 1.6),
+        ("Clip-Higher [0.8, 1.28]", np.full_like(p, 0.8), np.full_like(p, 1.28), "tab:purple",
+         ":", 1.6),
+        ("DCPO (0.16, 0.2, cap 10)", dlo, dhi, "tab:red", "--", 1.6),
+        ("TRGPPO (kl 0.05 united with PPO)", np.minimum(lo, 0.8), np.maximum(hi, 1.2),
+         "tab:orange", "-.", 1.4),
+    ]
+    for label, low, high, color, style, width in curves:
+        alpha = 0.45 if width > 2 else 1.0
+        ax.plot(p, high, color=color, ls=style, lw=width, alpha=alpha, label=label)
+        pos = low > 0
+        ax.plot(p[pos], low[pos], color=color, ls=style, lw=width, alpha=alpha)
+    ax.plot(p, 1 / p, color="0.6", lw=1, ls="--", label="1/p (feasible limit)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_ylim(1e-2, 1e2)
+    ax.set_xlim(p[0], 1)
+    ax.set_xlabel("old probability p")
+    ax.set_ylabel("ratio interval [lower, upper]")
+    ax.legend(fontsize=7, loc="lower left")
+    ax.grid(True, lw=0.4, alpha=0.6)
+    fig.tight_layout()
+    paths.append(figdir / "related_methods.png")
+    fig.savefig(paths[-1])
+    plt.close(fig)
+    return paths
+
+
 # ----------------------------------------------------------------------------- benchmarks
 
 _HEADING = re.compile(r"^(#{1,5})(\s)", re.MULTILINE)
@@ -614,6 +698,7 @@ def generate(app=None) -> None:
     page = GENERATED / "catalogue.md"
     if not (page.exists() and stamp.exists() and stamp.read_text() == digest):
         write_catalogue()
+        write_theory_figures()
         stamp.write_text(digest)
 
 
