@@ -64,6 +64,30 @@ def test_symbolic_rstar_agrees_with_the_band_at_p_one():
         assert float(expr.subs(delta, 0.1)) == pytest.approx(lo, rel=1e-9, abs=1e-12), name
 
 
+def test_theory_figures_are_written(tmp_path):
+    paths = fbands_docs.write_theory_figures(tmp_path)
+    assert [p.name for p in paths] == ["g_function.png", "related_methods.png"]
+    for path in paths:
+        assert path.is_file() and path.stat().st_size > 1000
+        assert f"/_generated/theory/{path.name}" in "".join(
+            (DOCS / "theory" / page).read_text() for page in ("band.md", "related.md")
+        )
+
+
+def test_docstring_examples_get_their_module_namespace():
+    lines = ["Docstring."]
+    fbands_docs.module_namespace_for_doctests(None, "module", "fbands.bands", None, {}, lines)
+    assert lines[0] == ".. testsetup::" and lines[-1] == "Docstring."
+    setup = "\n".join(line[3:] for line in lines[2:-2])
+    namespace: dict = {}
+    exec(setup, namespace)  # what the doctest builder runs before the examples
+    assert namespace["NumpyInputs"] is fbands.bands.NumpyInputs
+    other = ["Doc."]
+    fbands_docs.module_namespace_for_doctests(None, "function", "fbands.bounds", None, {}, other)
+    fbands_docs.module_namespace_for_doctests(None, "module", "numpy", None, {}, other)
+    assert other == ["Doc."]
+
+
 def test_benchmarks_page_includes_tables_and_figures(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
