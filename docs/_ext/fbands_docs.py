@@ -672,8 +672,9 @@ def write_demo_figure(outdir: Path = GENERATED) -> None:
             break
     else:
         text = (
-            "No figure of the demo is committed in this checkout: `fbands demo` writes one "
-            f"into its output folder; committed as `{DEMO_FIGURES[0]}` it appears here.\n"
+            "No figure of the demo is committed in this checkout. `fbands demo` writes it to "
+            "`runs/demo/compare.png`; copied to "
+            f"`{DEMO_FIGURES[0]}` and committed, it appears here.\n"
         )
     _write_if_changed(outdir / "demo_figure.md", text)
 
