@@ -61,10 +61,12 @@ myst_dmath_double_inline = True
 autodoc_default_options = {"member-order": "bysource"}
 autodoc_typehints = "signature"
 autodoc_preserve_defaults = True
-# Optional third-party packages that a plug-in imports at module level: documented without
-# them when they are not installed.
+# Optional third-party packages (extras verl, trl, rl) that a module may import at module
+# level: the pages are built without them when they are not installed.
 autodoc_mock_imports = [
-    name for name in ("verl", "trl") if not fbands_docs.module_exists(name)
+    name
+    for name in ("verl", "trl", "transformers", "tqdm")
+    if not fbands_docs.module_exists(name)
 ]
 napoleon_google_docstring = False
 napoleon_numpy_docstring = True
