@@ -356,7 +356,9 @@ def dcpo_log_bounds(logp_old: Tensor, eps_low: float, eps_high: float) -> Band:
     return Band(log_lo, log_hi)
 
 
-def precompute_band(logp_old: Tensor, cfg: LossConfig | None = None, *, mask=None) -> Band:
+def precompute_band(
+    logp_old: Tensor, cfg: LossConfig | None = None, *, mask=None, check: bool = True
+) -> Band:
     r"""The band of every token, from the old log-probabilities; compute once per batch.
 
     The band depends only on :math:`p = \pi_{old}(a)` and the configuration, so a trainer
@@ -376,6 +378,10 @@ def precompute_band(logp_old: Tensor, cfg: LossConfig | None = None, *, mask=Non
     mask : Tensor, optional
         Response mask; positions where it is 0 get a harmless stand-in probability, so that
         padding holding ``-inf`` or garbage never reaches the band solver.
+    check : bool
+        Let :func:`fbands.log_bounds` validate its input (a nan raises
+        :class:`fbands.BandError`).  The check costs a host synchronisation on a GPU;
+        ``False`` skips it (for CUDA graphs), and a nan then gives unspecified edges.
 
     Returns
     -------
@@ -402,16 +408,18 @@ def precompute_band(logp_old: Tensor, cfg: LossConfig | None = None, *, mask=Non
                     f"mask has shape {tuple(mask.shape)}, expected logp_old's {tuple(x.shape)}"
                 )
             x = torch.where(mask != 0, x, torch.full_like(x, _PAD_LOGP))
+        x = x.clamp(max=0.0)  # a log-softmax may round a near-certain token to +1e-7
         fixed_lo, fixed_hi = _fixed_log_edges(cfg)
-        if cfg.method in _FIXED_BAND:
-            log_lo = torch.full_like(x, fixed_lo)
-            log_hi = torch.full_like(x, fixed_hi)
+        if cfg.method in _DIVERGENCE_BAND:
+            import fbands  # at call time: the package's __init__ may import this module
+
+            options = {} if check else {"check": False}
+            log_lo, log_hi = fbands.log_bounds(x, cfg.delta, cfg.div, logp=True, **options)
         elif cfg.method == "dcpo":
             log_lo, log_hi = dcpo_log_bounds(x, cfg.eps_low, cfg.eps_high)
-        else:  # _DIVERGENCE_BAND
-            import fbands  # the core; imported here so that fbands need not import torch
-
-            log_lo, log_hi = fbands.log_bounds(x, cfg.delta, cfg.div, logp=True)
+        else:  # _FIXED_BAND
+            log_lo = torch.full_like(x, fixed_lo)
+            log_hi = torch.full_like(x, fixed_hi)
         log_lo, log_hi = log_lo.to(out_dtype), log_hi.to(out_dtype)
         if cfg.relax or cfg.method == "trgppo":
             log_lo = torch.clamp(log_lo, max=fixed_lo)
@@ -588,6 +596,7 @@ def policy_loss(
     cfg: LossConfig | None = None,
     band: Band | None = None,
     *,
+    weights: Tensor | None = None,
     num_tokens=None,
     num_seqs=None,
     loss_scale_factor=None,
@@ -634,6 +643,9 @@ def policy_loss(
     band : Band, optional
         From :func:`precompute_band` for this ``logp_old`` and ``cfg``; computed here when
         None.
+    weights : Tensor, optional
+        Per-token multipliers of the loss terms, broadcasting against ``(B, T)`` and treated
+        as constants, e.g. verl's rollout importance-sampling weights.
     num_tokens, num_seqs, loss_scale_factor : optional
         Passed to :func:`agg_loss` (global denominators for micro-batching).
 
@@ -700,6 +712,18 @@ def policy_loss(
     else:
         terms = _clip_form(logratio, adv, log_lo, log_hi, cfg)
     per_token, upper, lower, dual, trunc = terms  # (B, T) loss and four (B, T) bool masks
+    if weights is not None:
+        weights = _as_tensor("weights", weights)
+        try:
+            shape = torch.broadcast_shapes(weights.shape, per_token.shape)
+        except RuntimeError:
+            shape = None
+        if shape != per_token.shape:
+            raise LossError(
+                f"weights of shape {tuple(weights.shape)} do not broadcast against "
+                f"{tuple(per_token.shape)}"
+            )
+        per_token = per_token * torch.where(valid, weights.detach().to(dtype), zero)
     loss = agg_loss(
         per_token,
         mask,

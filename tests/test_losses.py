@@ -80,8 +80,8 @@ def grad_of(fn, logp):
 def fake_log_bounds(calls):
     """Stand-in for fbands.log_bounds (TV closed form) that records how it was called."""
 
-    def log_bounds(p, delta, div="kl", backend="auto", *, logp=False):
-        calls.append({"delta": delta, "div": div, "logp": logp, "dtype": p.dtype})
+    def log_bounds(p, delta, div="kl", backend="auto", *, logp=False, **options):
+        calls.append({"delta": delta, "div": div, "logp": logp, "dtype": p.dtype, **options})
         return tv_band(p, delta)
 
     return log_bounds
@@ -368,6 +368,8 @@ def test_band_assembly_with_stand_in_solver(monkeypatch):
     band = precompute_band(logp_old, LossConfig(method="band_clip", div="tv", delta=0.05))
     assert calls[-1] == {"delta": 0.05, "div": "tv", "logp": True, "dtype": torch.float32}
     torch.testing.assert_close(band.log_upper, raw.log_upper)
+    precompute_band(logp_old, LossConfig(method="band_clip", div="tv"), check=False)
+    assert calls[-1]["check"] is False
     # TRGPPO and relax: the union with [1 - eps_low, 1 + eps_high]
     for cfg in (LossConfig(method="trgppo", div="tv"),
                 LossConfig(method="band_clip", div="tv", relax=True)):
@@ -594,6 +596,18 @@ def test_advantage_shapes_broadcast():
     full = policy_loss(logp_old, logp, per_seq[:, None].expand_as(logp), mask, cfg)[0]
     assert torch.equal(policy_loss(logp_old, logp, per_seq, mask, cfg)[0], full)
     assert torch.equal(policy_loss(logp_old, logp, per_seq[:, None], mask, cfg)[0], full)
+
+
+def test_per_token_weights_scale_the_terms():
+    logp_old, logp, adv, mask = random_batch(13)
+    weights = torch.linspace(0.5, 2.0, 24, dtype=F64).reshape(4, 6)
+    cfg = LossConfig(method="clip", agg="token-sum")
+    weighted = policy_loss(logp_old, logp, adv, mask, cfg, weights=weights)[0]
+    ratio = torch.exp(logp - logp_old)
+    per_token = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
+    torch.testing.assert_close(weighted, (per_token * weights * mask).sum())
+    with pytest.raises(LossError, match=r"weights of shape \(3,\)"):
+        policy_loss(logp_old, logp, adv, mask, cfg, weights=weights[0, :3])
 
 
 def test_bad_inputs_raise_clear_errors():
