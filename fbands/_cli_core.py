@@ -1,0 +1,80 @@
+"""``fbands divergences``, ``fbands bounds`` and ``fbands plot``."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+
+def register(sub) -> None:
+    p = sub.add_parser("divergences", help="list the registered divergences")
+    p.add_argument("--no-derive", dest="derive", action="store_false",
+                   help="skip the sympy derivation (closed forms), for a quick listing")
+    p.set_defaults(func=_divergences)
+
+    p = sub.add_parser("bounds", help="print the band [lower, upper] for some p")
+    p.add_argument("p", nargs="+", type=float, help="old probabilities (log-probs with --logp)")
+    p.add_argument("--div", default="kl", help="divergence name (default: kl)")
+    p.add_argument("--delta", type=float, default=0.05, help="radius (default: 0.05)")
+    p.add_argument("--logp", action="store_true", help="the values are log-probabilities")
+    p.add_argument("--backend", default="numpy", help="numpy, numba, torch or cvxpy")
+    p.set_defaults(func=_bounds)
+
+    p = sub.add_parser("plot", help="draw bands against p next to fixed clipping")
+    p.add_argument("--div", default="kl,tv,chi2", help="comma-separated names")
+    p.add_argument("--delta", type=float, default=0.05, help="radius (default: 0.05)")
+    p.add_argument("-o", "--output", default="band.png", help="PNG file (default: band.png)")
+    p.set_defaults(func=_plot)
+
+
+def _divergences(args: argparse.Namespace) -> int:
+    from fbands import divergences as registry
+
+    rows = []
+    for name in registry.available():
+        if name in registry._FAMILIES:
+            expr, params, desc = registry._FAMILIES[name]
+            rows.append((f"{name}({', '.join(params)})", str(expr), "family", desc))
+            continue
+        d = registry.get(name)
+        closed = "-"
+        if args.derive:
+            closed = "yes" if d.has_closed_form else "no"
+        rows.append((name, str(d.f), closed, d.description))
+    header = ("name", "f(u)", "closed form" if args.derive else "", "description")
+    widths = [max(len(r[i]) for r in (*rows, header)) for i in range(4)]
+    for r in (header, *rows):
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    return 0
+
+
+def _fmt(x: float) -> str:
+    if x == 0 or not math.isfinite(x):
+        return str(x)
+    return f"{x:.10g}" if 1e-4 <= abs(x) < 1e7 else f"{x:.6e}"
+
+
+def _bounds(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    import fbands
+
+    p = np.asarray(args.p, dtype=np.float64)
+    lo, hi = fbands.bounds(p, args.delta, args.div, args.backend, logp=args.logp)
+    llo, lhi = fbands.log_bounds(p, args.delta, args.div, "numpy", logp=args.logp)
+    print(f"div={fbands.get(args.div).name}  delta={args.delta:g}")
+    head = ("log p" if args.logp else "p", "lower", "upper", "log lower", "log upper")
+    print("".join(h.rjust(16) for h in head))
+    for row in zip(p, lo, hi, llo, lhi, strict=True):
+        print("".join(_fmt(float(v)).rjust(16) for v in row))
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from fbands.plotting import plot_bands
+
+    names = [n.strip() for n in args.div.split(",") if n.strip()]
+    path = plot_bands(names, args.delta, args.output)
+    print(f"wrote {path}", file=sys.stderr)
+    return 0

@@ -1,0 +1,449 @@
+"""The divergence registry.
+
+A :class:`Divergence` is a generator ``f`` (a sympy expression in ``u``, convex, ``f(1) = 0``)
+with a name.  Everything the band solvers use is derived from ``f`` on first use
+(:func:`fbands.symbolic.derive`) and cached, so adding a divergence is one line::
+
+    >>> import fbands
+    >>> d = fbands.register("squared_log", "log(u)**2 / 2", overwrite=True)
+    >>> d.name, d.f0
+    ('squared_log', inf)
+
+The built-in generators follow THEORY's conventions (no hidden factors of 1/2):
+
+============  ==========================================================================
+kl            ``u - 1 - log u``: KL(pi_old || pi), the constraint of TRPO and BandKL
+reverse_kl    ``u log u - u + 1``: KL(pi || pi_old)
+tv            ``|u - 1| / 2``: total variation
+chi2          ``(u - 1)**2``: Pearson chi-square, without the factor 1/2
+neyman_chi2   ``(u - 1)**2 / u``: Neyman chi-square
+hellinger     ``(sqrt(u) - 1)**2``: squared Hellinger distance, without the factor 1/2
+js            ``(u log u - (1 + u) log((1 + u) / 2)) / 2``: Jensen-Shannon (natural log)
+alpha         ``(u**a - 1 - a (u - 1)) / (a (a - 1))``: Amari's alpha family, parameter ``a``
+============  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import sympy as sp
+
+from fbands import symbolic
+from fbands.errors import DivergenceError
+
+__all__ = ["Divergence", "available", "get", "register"]
+
+
+class Divergence:
+    """An f-divergence ``D_f(pi || pi_old) = sum_x pi_old(x) f(pi(x) / pi_old(x))``.
+
+    Parameters
+    ----------
+    name : str
+        Registry name (``"kl"``, ...), or ``"alpha(a=0.5)"`` for a member of a family.
+    f : sympy.Expr
+        The generator, in the symbol :data:`fbands.symbolic.U` (``u``).
+    description : str
+        One line for listings.
+
+    Notes
+    -----
+    The derived attributes (:attr:`f0`, :attr:`fprime_inf`, :attr:`closed_form_upper`, ...)
+    are computed by sympy on first access, which takes a fraction of a second per divergence.
+    """
+
+    def __init__(self, name: str, f: sp.Expr, description: str = ""):
+        self.name = name
+        self.f = f
+        self.description = description
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Divergence({self.name!r}, f={self.f})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Divergence) and (self.name, self.f) == (other.name, other.f)
+
+    def __hash__(self) -> int:
+        return hash((self.name, str(self.f)))
+
+    @cached_property
+    def derivation(self) -> symbolic.Derivation:
+        """The sympy-derived ingredients (see :mod:`fbands.symbolic`)."""
+        with self._lock:
+            return symbolic.derive(self.f)
+
+    @property
+    def f0(self) -> float:
+        """``f(0+)``; ``inf`` means the lower edge never reaches 0."""
+        return self.derivation.f0
+
+    @property
+    def fprime_inf(self) -> float:
+        """``f'(inf) = lim f(u) / u``; ``inf`` means the lower edge tends to 1 as p -> 1."""
+        return self.derivation.fpinf
+
+    @property
+    def curvature(self) -> float:
+        """``f''(1)`` (``inf`` at a kink, as for ``tv``)."""
+        return self.derivation.fpp1
+
+    @property
+    def has_closed_form(self) -> bool:
+        """True when both edges have a closed form."""
+        d = self.derivation
+        return d.upper is not None and d.lower is not None
+
+    def lower_limit_at_one(self, delta: float) -> float:
+        """``r* = lim_{p -> 1} lower(p, delta)``.
+
+        The root in ``[0, 1]`` of ``f(r) + (1 - r) f'(inf) = delta`` (0 if there is none), or
+        1 when ``f'(inf)`` is infinite.
+        """
+        if not delta > 0:
+            raise DivergenceError(f"delta must be > 0, got {delta!r}")
+        if math.isinf(self.fprime_inf):
+            return 1.0
+        from scipy.optimize import brentq
+
+        F = self.kernels(np)[0]
+
+        def h(r):
+            return float(F(np.log(r))) + (1 - r) * self.fprime_inf - delta
+
+        if self.f0 + self.fprime_inf <= delta:
+            return 0.0
+        lo = 1.0
+        while h(lo) < 0 and lo > 1e-300:
+            lo *= 1e-3
+        if h(lo) < 0:
+            return 0.0
+        return brentq(h, lo, 1.0, xtol=1e-300, rtol=4e-16, maxiter=500)
+
+    # -- code for the backends -------------------------------------------------------------
+
+    @cached_property
+    def sources(self) -> dict[str, str]:
+        """Generated Python source of ``F`` (near and far forms), ``F'`` and the closed-form
+        coefficients, over bare function names (see :func:`fbands.symbolic.compile_expr`)."""
+        d = self.derivation
+        out = {
+            "F_near": symbolic.compile_expr(d.F_near, (symbolic.S,)),
+            "F_far": symbolic.compile_expr(d.F_far, (symbolic.S,)),
+            "dF": symbolic.compile_expr(d.dF, (symbolic.S,)),
+        }
+        for edge, cf in (("upper", d.upper), ("lower", d.lower)):
+            if cf is not None:
+                for i, c in zip((2, 1, 0), cf.coeffs, strict=True):
+                    out[f"{edge}_a{i}"] = symbolic.compile_expr(
+                        c, (symbolic.P, symbolic.Q, symbolic.D)
+                    )
+        return out
+
+    def kernels(self, namespace: Any):
+        """``(F, dF, closed)`` bound to a backend's functions.
+
+        ``namespace`` is a module or mapping providing ``exp``, ``expm1``, ``log``, ``log1p``,
+        ``sqrt``, ``sinh``, ``cosh``, ``sign``, ``where`` and ``abs``.  ``F`` selects the near
+        form for ``|s| < NEAR``.  ``closed`` maps ``"upper"``/``"lower"`` to a function
+        ``(p, q, delta) -> (a2, a1, a0)`` and a ``squared`` flag, for the edges that have one.
+        """
+        key = id(namespace)
+        cache = self.__dict__.setdefault("_kernel_cache", {})
+        if key in cache:
+            return cache[key]
+        ns = namespace if isinstance(namespace, dict) else vars(namespace)
+        ns = {k: ns[k] for k in (*symbolic._FUNCTIONS, "abs")}
+        src = self.sources
+        far = symbolic.bind(src["F_far"], ns)
+        if src["F_near"] == src["F_far"]:
+            F = far
+        else:
+            near = symbolic.bind(src["F_near"], ns)
+            where, absf = ns["where"], ns["abs"]
+
+            def F(s):
+                small = absf(s) < symbolic.NEAR
+                # Evaluate each form where it is meant to be used only, so that the far form
+                # at tiny s and the near form at large |s| never produce inf or nan warnings.
+                return where(small, near(where(small, s, 0.0)), far(where(small, 1.0, s)))
+
+        dF = symbolic.bind(src["dF"], ns)
+        closed = {}
+        d = self.derivation
+        for edge, cf in (("upper", d.upper), ("lower", d.lower)):
+            if cf is not None:
+                fns = [symbolic.bind(src[f"{edge}_a{i}"], ns) for i in (2, 1, 0)]
+                closed[edge] = (fns, cf.squared)
+        cache[key] = (F, dF, closed)
+        return cache[key]
+
+
+# ----------------------------------------------------------------------------- the registry
+
+_REGISTRY: dict[str, Divergence] = {}
+_FAMILIES: dict[str, tuple[sp.Expr, tuple[str, ...], str]] = {}
+_ALIASES = {
+    "kullback_leibler": "kl",
+    "forward_kl": "kl",
+    "rkl": "reverse_kl",
+    "total_variation": "tv",
+    "pearson": "chi2",
+    "chi_squared": "chi2",
+    "neyman": "neyman_chi2",
+    "jensen_shannon": "js",
+}
+
+
+def _parse_f(f: str | sp.Expr, params: tuple[str, ...]) -> sp.Expr:
+    if isinstance(f, str):
+        local = {"u": symbolic.U, **{k: sp.Symbol(k, real=True) for k in params}}
+        try:
+            f = sp.sympify(f, locals=local)
+        except (sp.SympifyError, SyntaxError, TypeError) as err:
+            raise DivergenceError(f"cannot parse f = {f!r}: {err}") from err
+    if not isinstance(f, sp.Expr):
+        raise DivergenceError(f"f must be a sympy expression or a string, got {type(f).__name__}")
+    # Accept any symbol named u, whatever its assumptions.
+    f = f.xreplace({s: symbolic.U for s in f.free_symbols if s.name == "u"})
+    extra = {s.name for s in f.free_symbols} - {"u", *params}
+    if extra:
+        raise DivergenceError(
+            f"f may only depend on u and the declared parameters {list(params)}, "
+            f"but it uses {sorted(extra)}"
+        )
+    return f
+
+
+def _check_generator(name: str, f: sp.Expr) -> None:
+    """Reject an ``f`` that is not 0 at 1, not finite on (0, inf), or visibly not convex."""
+    at_one = sp.simplify(f.subs(symbolic.U, 1))
+    if at_one != 0:
+        raise DivergenceError(f"{name}: f(1) must be 0, but f(1) = {at_one}")
+    fn = sp.lambdify(symbolic.U, f, "mpmath")
+    import mpmath
+
+    grid = [mpmath.mpf(10) ** (k / 4) for k in range(-40, 41)]
+    with mpmath.workdps(30):
+        try:
+            vals = [fn(x) for x in grid]
+        except (ValueError, ZeroDivisionError, TypeError) as err:
+            raise DivergenceError(f"{name}: f cannot be evaluated on (0, inf): {err}") from err
+        if any(not mpmath.isfinite(v) or mpmath.im(v) != 0 for v in vals):
+            raise DivergenceError(f"{name}: f must be real and finite on (0, inf)")
+        vals = [mpmath.re(v) for v in vals]
+        # Convexity: slopes of consecutive chords must not decrease.
+        slopes = [(vals[i + 1] - vals[i]) / (grid[i + 1] - grid[i]) for i in range(len(grid) - 1)]
+        for i in range(len(slopes) - 1):
+            if slopes[i + 1] < slopes[i] - mpmath.mpf(10) ** -20 * (1 + abs(slopes[i])):
+                raise DivergenceError(
+                    f"{name}: f is not convex (its chord slope decreases near u = "
+                    f"{float(grid[i + 1]):.3g})"
+                )
+    left = sp.limit(sp.diff(f, symbolic.U), symbolic.U, 1, "-")
+    right = sp.limit(sp.diff(f, symbolic.U), symbolic.U, 1, "+")
+    if left == right and not sp.diff(f, symbolic.U, 2).subs(symbolic.U, 1).is_positive:
+        raise DivergenceError(f"{name}: f must be strictly convex at u = 1 (f''(1) > 0)")
+
+
+def register(
+    name: str,
+    f: str | sp.Expr,
+    *,
+    params: tuple[str, ...] | list[str] = (),
+    description: str = "",
+    overwrite: bool = False,
+    check: bool = True,
+) -> Divergence:
+    """Add a divergence to the registry.
+
+    Parameters
+    ----------
+    name : str
+        A new name (letters, digits, underscores).
+    f : str or sympy.Expr
+        The generator as an expression in ``u``, e.g. ``"(u - 1)**2 / (u + 1)"``.
+    params : sequence of str
+        Names of free parameters of a family (e.g. ``("a",)``); ``get(name, a=...)`` then
+        returns the member with that value.
+    description : str
+        One line for ``fbands divergences``.
+    overwrite : bool
+        Replace an existing entry of the same name.
+    check : bool
+        Verify ``f(1) = 0``, finiteness on ``(0, inf)``, convexity (on a grid of 81 points
+        from 1e-10 to 1e10, in 30-digit arithmetic) and strict convexity at 1.
+
+    Returns
+    -------
+    Divergence
+        The registered divergence (for a family: the family's template, not a member).
+
+    Raises
+    ------
+    DivergenceError
+        For a taken name, an expression that does not parse, or an invalid generator.
+
+    Examples
+    --------
+    >>> import fbands
+    >>> d = fbands.register("triangular", "(u - 1)**2 / (u + 1)", overwrite=True)
+    >>> lo, hi = fbands.bounds(0.1, 0.05, div="triangular")
+    >>> bool(lo < 1 < hi)
+    True
+    """
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise DivergenceError(f"invalid divergence name {name!r}")
+    if not overwrite and (name in _REGISTRY or name in _FAMILIES or name in _ALIASES):
+        raise DivergenceError(f"a divergence named {name!r} exists; pass overwrite=True")
+    params = tuple(params)
+    expr = _parse_f(f, params)
+    if params:
+        _FAMILIES[name] = (expr, params, description)
+        _REGISTRY.pop(name, None)
+        return Divergence(name, expr, description)
+    if check:
+        _check_generator(name, expr)
+    div = Divergence(name, expr, description)
+    _REGISTRY[name] = div
+    _FAMILIES.pop(name, None)
+    return div
+
+
+def available() -> list[str]:
+    """Names accepted by :func:`get` (families listed by their base name).
+
+    >>> import fbands
+    >>> [n for n in fbands.available() if n in ("kl", "tv", "alpha")]
+    ['kl', 'tv', 'alpha']
+    """
+    return list(_REGISTRY) + list(_FAMILIES)
+
+
+_MEMBER = re.compile(r"^\s*([A-Za-z_]\w*)\s*\((.*)\)\s*$")
+
+
+def _family_member(name: str, values: dict[str, Any]) -> Divergence:
+    expr, params, description = _FAMILIES[name]
+    missing = [k for k in params if k not in values]
+    unknown = [k for k in values if k not in params]
+    if missing or unknown:
+        raise DivergenceError(
+            f"{name} takes parameters {list(params)}; missing {missing}, unknown {unknown}"
+        )
+    subs = {}
+    for k in params:
+        v = values[k]
+        try:
+            v = sp.nsimplify(v, rational=True) if isinstance(v, float) else sp.sympify(v)
+        except (sp.SympifyError, TypeError) as err:
+            raise DivergenceError(f"{name}: bad value {k}={values[k]!r}") from err
+        if not (v.is_real and v.is_finite):
+            raise DivergenceError(f"{name}: {k} must be a finite real number, got {values[k]!r}")
+        subs[sp.Symbol(k, real=True)] = v
+    f = expr.subs(subs)
+    if f.has(sp.nan, sp.zoo) or sp.simplify(sp.denom(sp.together(f))) == 0:
+        # A removable singularity of the family (alpha at a = 0 or 1): take the limit.
+        f = expr
+        for sym, v in subs.items():
+            f = sp.limit(f, sym, v)
+    label = ", ".join(f"{k}={subs[sp.Symbol(k, real=True)]}" for k in params)
+    full = f"{name}({label})"
+    if full not in _REGISTRY:
+        _check_generator(full, f)
+        _REGISTRY_MEMBERS[full] = Divergence(full, f, description)
+    return _REGISTRY_MEMBERS[full]
+
+
+_REGISTRY_MEMBERS: dict[str, Divergence] = {}
+
+
+def get(name: str | Divergence, **params: Any) -> Divergence:
+    """Look up a divergence.
+
+    Parameters
+    ----------
+    name : str or Divergence
+        A registered name or alias (``"kl"``, ``"tv"``, ...), a family with its parameters
+        in the name (``"alpha(a=0.5)"`` or ``"alpha(0.5)"``), or a :class:`Divergence`
+        (returned as is).
+    **params
+        Parameters of a family: ``get("alpha", a=0.5)``.
+
+    Raises
+    ------
+    DivergenceError
+        For an unknown name (the message lists the available ones) or bad parameters.
+
+    Examples
+    --------
+    >>> import fbands
+    >>> fbands.get("kl").f
+    u - log(u) - 1
+    >>> fbands.get("alpha", a=2).f
+    u**2/2 - u + 1/2
+    """
+    if isinstance(name, Divergence):
+        if params:
+            raise DivergenceError("parameters can only be given with a family name")
+        return name
+    if not isinstance(name, str):
+        raise DivergenceError(f"a divergence is named by a string, got {type(name).__name__}")
+    m = _MEMBER.match(name)
+    if m:
+        base, body = m.group(1), m.group(2)
+        if base not in _FAMILIES:
+            raise DivergenceError(f"{base!r} is not a family; families: {list(_FAMILIES)}")
+        parsed: dict[str, Any] = {}
+        fam_params = _FAMILIES[base][1]
+        for i, part in enumerate(p for p in body.split(",") if p.strip()):
+            key, _, value = part.partition("=")
+            if not _:
+                key, value = fam_params[i] if i < len(fam_params) else f"#{i}", key
+            parsed[key.strip()] = value.strip()
+        return _family_member(base, {**parsed, **params})
+    key = _ALIASES.get(name.lower(), name.lower())
+    if key in _FAMILIES:
+        return _family_member(key, params)
+    if key in _REGISTRY:
+        if params:
+            raise DivergenceError(f"{name} takes no parameters, got {sorted(params)}")
+        return _REGISTRY[key]
+    raise DivergenceError(
+        f"unknown divergence {name!r}; available: {', '.join(available())}"
+    )
+
+
+def _builtins() -> None:
+    u = symbolic.U
+    a = sp.Symbol("a", real=True)
+    half = sp.Rational(1, 2)
+    table = [
+        ("kl", u - 1 - sp.log(u), "KL(pi_old || pi), BandPO's BandKL and TRPO's constraint"),
+        ("reverse_kl", u * sp.log(u) - u + 1, "KL(pi || pi_old)"),
+        ("tv", sp.Abs(u - 1) / 2, "total variation"),
+        ("chi2", (u - 1) ** 2, "Pearson chi-square (no factor 1/2)"),
+        ("neyman_chi2", (u - 1) ** 2 / u, "Neyman chi-square"),
+        ("hellinger", (sp.sqrt(u) - 1) ** 2, "squared Hellinger distance (no factor 1/2)"),
+        (
+            "js",
+            (u * sp.log(u) - (1 + u) * sp.log((1 + u) / 2)) * half,
+            "Jensen-Shannon divergence (natural log)",
+        ),
+    ]
+    for name, f, description in table:
+        _REGISTRY[name] = Divergence(name, f, description)
+    _FAMILIES["alpha"] = (
+        (u**a - 1 - a * (u - 1)) / (a * (a - 1)),
+        ("a",),
+        "Amari alpha family (a -> 0: kl, a -> 1: reverse_kl, 2: chi2/2, 1/2: 2 hellinger)",
+    )
+
+
+_builtins()

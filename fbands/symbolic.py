@@ -1,0 +1,328 @@
+"""The symbolic side of fbands: everything a divergence needs, derived from ``f`` by sympy.
+
+A divergence is given by its generator ``f(u)``.  The band solvers never see ``f`` itself;
+they use what :func:`derive` computes from it once:
+
+* ``F(s) = f(exp(s))``, the generator in the log-ratio ``s = log u``, with its first derivative.
+  Working in ``s`` makes huge upper edges and tiny lower edges ordinary numbers, and the
+  expression is rewritten with ``expm1``/``log1p`` so that it has no cancellation near
+  ``s = 0``: a *near* form for ``|s| < NEAR`` (every exponential written through one
+  ``t = expm1(k s)`` and expanded, logs of ``1 + O(t)`` through ``log1p``) and a *far* form for
+  the rest.
+* The constants ``f(0)``, ``f'(inf) = lim f(u)/u`` and ``f''(1)``.
+* Closed-form edges, when the band equation ``g(p, r) = delta`` reduces (after clearing
+  denominators and, if needed, radicals) to a polynomial of degree <= 2: its coefficients as
+  expressions in ``p``, ``q = 1 - p`` and ``delta``.  The upper edge is solved for
+  ``y = r - 1`` and the lower one for ``r`` itself, so that the root that matters is never a
+  difference of nearly equal numbers; the roots are then taken by the cancellation-free
+  quadratic formula (:func:`fbands._solver.quadratic_roots`).
+
+:func:`compile_expr` turns an expression into Python source over bare function names
+(``exp``, ``expm1``, ``log``, ``log1p``, ``sqrt``, ``sinh``, ``cosh``, ``sign``, ``abs``),
+which each backend binds to its own functions (numpy, torch, math for numba).  That is how
+the maths of a divergence is written once and serves every backend.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import reduce
+
+import sympy as sp
+from sympy.codegen.cfunctions import expm1, log1p
+from sympy.printing.pycode import PythonCodePrinter
+
+U = sp.Symbol("u", positive=True)
+S = sp.Symbol("s", real=True)
+T = sp.Symbol("t", real=True)
+P = sp.Symbol("p", positive=True)
+Q = sp.Symbol("q", positive=True)
+D = sp.Symbol("delta", positive=True)
+Y = sp.Symbol("y", positive=True)
+R = sp.Symbol("r", positive=True)
+
+#: Below this |s| the near form of F is used.
+NEAR = 0.5
+
+_FUNCTIONS = ("exp", "expm1", "log", "log1p", "sqrt", "sinh", "cosh", "sign", "where")
+
+
+@dataclass(frozen=True)
+class ClosedForm:
+    """Polynomial form of ``g(p, r) = delta`` for one edge.
+
+    ``coeffs`` are (a2, a1, a0) of ``a2 v**2 + a1 v + a0 = 0`` in ``v = r - 1`` (upper edge) or
+    ``v = r`` (lower edge), as expressions in ``p``, ``q``, ``delta``.  ``squared`` is True when
+    radicals were cleared by squaring, so that a root may be extraneous and must be checked
+    against ``g`` itself.
+    """
+
+    coeffs: tuple[sp.Expr, sp.Expr, sp.Expr]
+    squared: bool
+
+
+@dataclass(frozen=True)
+class Derivation:
+    """What the solvers need, derived from ``f`` (see the module docstring)."""
+
+    f: sp.Expr
+    F_near: sp.Expr  # in S; equal to F_far when no rewriting was needed
+    F_far: sp.Expr
+    dF: sp.Expr  # dF/ds
+    f0: float  # f(0+), may be inf
+    fpinf: float  # lim f(u)/u as u -> inf, may be inf
+    fpp1: float  # f''(1)
+    upper: ClosedForm | None
+    lower: ClosedForm | None
+    tail0: tuple[float, float, int] | None = None  # f ~ A u**k (log u)**m as u -> 0
+    tail_inf: tuple[float, float, int] | None = None  # ... as u -> inf
+
+
+# ----------------------------------------------------------------------------- derivation
+
+
+def _to_float(x: sp.Expr) -> float:
+    if x is sp.oo or x == sp.oo:
+        return math.inf
+    if x is sp.nan or not x.is_number:
+        raise ValueError(f"not a number: {x}")
+    return float(x)
+
+
+def _exp_atoms(expr: sp.Expr) -> list[sp.Expr]:
+    return [a for a in expr.atoms(sp.exp) if a.args[0].has(S)]
+
+
+def _rational_gcd(values: list[Fraction]) -> Fraction:
+    num = reduce(math.gcd, (v.numerator for v in values))
+    den = reduce(lambda a, b: a * b // math.gcd(a, b), (v.denominator for v in values))
+    return Fraction(num, den)
+
+
+def _near_form(F: sp.Expr) -> sp.Expr:
+    """Rewrite ``F(s)`` so that it has no cancellation for small ``s``.
+
+    Every ``exp(c s)`` (c rational) becomes ``(1 + t)**(c/k)`` with ``t = expm1(k s)`` and ``k``
+    the rational gcd of the ``c``; logs of arguments equal to 1 at ``t = 0`` become ``log1p``;
+    the result is expanded so that the terms of order 0 and 1 in ``t`` cancel exactly, in
+    algebra rather than in floating point.  Returns ``F`` unchanged when that is not possible.
+    """
+    atoms = _exp_atoms(F)
+    if not atoms:
+        return F
+    coefs = []
+    for a in atoms:
+        c = sp.simplify(a.args[0] / S)
+        if not c.is_Rational or c.has(S):
+            return F
+        coefs.append(Fraction(int(c.p), int(c.q)))
+    k = _rational_gcd([abs(c) for c in coefs])
+    k_sym = sp.Rational(k.numerator, k.denominator)
+    W = sp.Symbol("w", positive=True)  # w = exp(k s) = 1 + t > 0
+    G = F.xreplace({a: W ** sp.Rational(c / k) for a, c in zip(atoms, coefs, strict=True)})
+    G = sp.powsimp(sp.powdenest(G, force=True)).subs(W, 1 + T)
+
+    def as_log1p(arg):
+        c = sp.simplify(arg.subs({T: 0, S: 0}))
+        if c.is_positive and c.is_finite:
+            return sp.log(c) + log1p(sp.expand(arg / c - 1))
+        return sp.log(arg)
+
+    G = G.replace(lambda e: isinstance(e, sp.log), lambda e: as_log1p(e.args[0]))
+    G = sp.expand(G)
+    return G.subs(T, expm1(k_sym * S))
+
+
+def _optimize(expr: sp.Expr) -> sp.Expr:
+    from sympy.codegen.rewriting import optimize, optims_c99
+
+    return optimize(expr, optims_c99)
+
+
+def _in_p_and_q(c: sp.Expr) -> sp.Expr:
+    """Simplify a coefficient using ``p + q = 1``, then write each factor ``1 - p`` as ``q``.
+
+    The solvers receive ``q`` computed accurately (``-expm1(log p)`` for log-inputs), so
+    keeping it as a symbol avoids forming ``1 - p`` again in floating point.
+    """
+    c = sp.factor(sp.expand(c.subs(Q, 1 - P)))
+    return c.replace(
+        lambda e: e.is_Add and sp.expand(e - (1 - P)) == 0, lambda e: Q
+    ).replace(lambda e: e.is_Add and sp.expand(e - (P - 1)) == 0, lambda e: -Q)
+
+
+def _closed_form(f: sp.Expr, edge: str) -> ClosedForm | None:
+    """Polynomial form of the band equation for one edge, or None (see :class:`ClosedForm`)."""
+    from sympy.solvers.solvers import unrad
+
+    if edge == "upper":  # r = 1 + y, c = 1 - p y / q
+        g = P * f.subs(U, 1 + Y) + Q * f.subs(U, 1 - P * Y / Q)
+        var = Y
+    else:  # r = 1 - y, c = 1 + p y / q; then y = 1 - r
+        g = P * f.subs(U, 1 - Y) + Q * f.subs(U, 1 + P * Y / Q)
+        var = Y
+    if g.has(sp.Abs):  # with y > 0 every |.| has a known sign once expanded
+        g = g.replace(lambda e: isinstance(e, sp.Abs), lambda e: sp.Abs(sp.expand(e.args[0])))
+    if g.has(sp.Abs, sp.log, sp.exp, sp.LambertW, sp.Piecewise):
+        return None
+    if edge == "lower":
+        g = g.subs(Y, 1 - R)
+        var = R
+    num = sp.numer(sp.together(g - D))
+    squared = False
+    radicals = [
+        a for a in num.atoms(sp.Pow) if a.has(var) and not sp.sympify(a.exp).is_Integer
+    ]
+    if radicals:
+        try:
+            res = unrad(num, var)
+        except Exception:  # noqa: BLE001 - sympy raises assorted errors here
+            return None
+        if res is None or res[1]:
+            return None
+        num, squared = res[0], True
+    try:
+        poly = sp.Poly(sp.expand(num), var)
+    except sp.PolynomialError:
+        return None
+    if poly.degree() > 2 or poly.degree() < 1 or any(c.has(var) for c in poly.all_coeffs()):
+        return None
+    coeffs = [sp.Integer(0)] * (2 - poly.degree()) + [_in_p_and_q(c) for c in poly.all_coeffs()]
+    return ClosedForm(tuple(coeffs), squared)
+
+
+def _curvature_at_one(f: sp.Expr) -> float:
+    """``f''(1)``; ``inf`` at a kink (``f'(1+) > f'(1-)``, as for total variation)."""
+    d1 = sp.diff(f, U)
+    d2 = sp.diff(d1, U)
+    if not d2.has(sp.DiracDelta, sp.Derivative, sp.Subs):
+        value = sp.limit(d2, U, 1)
+        if value.is_finite:
+            return float(value)
+    jump = sp.limit(d1, U, 1, "+") - sp.limit(d1, U, 1, "-")
+    return math.inf if jump.is_positive else float("nan")
+
+
+def _tail(f: sp.Expr, point) -> tuple[float, float, int] | None:
+    """``(A, k, m)`` with ``f(u) ~ A u**k (log u)**m`` as ``u -> point`` (m in {0, 1}).
+
+    Used only where ``p`` is so small (``log p < -600``) that the band follows from the
+    leading behaviour of ``f`` alone.  None when sympy cannot find such a form.
+    """
+    direction = "+" if point == 0 else "-"
+    try:
+        k = sp.limit(U * sp.diff(f, U) / f, U, point, direction)
+        if not (k.is_real and k.is_finite):
+            return None
+        for m in (0, 1):
+            A = sp.limit(f / (U**k * sp.log(U) ** m), U, point, direction)
+            if A.is_real and A.is_finite and A != 0:
+                return float(A), float(k), m
+    except Exception:  # noqa: BLE001 - sympy's limit raises assorted errors
+        return None
+    return None
+
+
+def derive(f: sp.Expr, *, closed_forms: bool = True) -> Derivation:
+    """Derive the solver's ingredients from a generator ``f`` in the symbol :data:`U`."""
+    F = sp.simplify(sp.expand_log(f.subs(U, sp.exp(S)), force=True))
+    F_far = _optimize(F)
+    F_near = _optimize(_near_form(F))
+    dF = sp.diff(F, S)
+    # simplify() turns sign(x) into x / |x|, which overflows for large x: keep sign then.
+    dF = _optimize(dF if dF.has(sp.sign, sp.Abs) else sp.simplify(dF))
+    f0 = _to_float(sp.limit(f, U, 0, "+"))
+    fpinf = _to_float(sp.limit(f / U, U, sp.oo))
+    fpp1 = _curvature_at_one(f)
+    upper = _closed_form(f, "upper") if closed_forms else None
+    lower = _closed_form(f, "lower") if closed_forms else None
+    tail0 = _tail(f, 0) if math.isinf(f0) else None
+    tail_inf = _tail(f, sp.oo)
+    return Derivation(f, F_near, F_far, dF, f0, fpinf, fpp1, upper, lower, tail0, tail_inf)
+
+
+# ----------------------------------------------------------------------------- code generation
+
+
+class _Printer(PythonCodePrinter):
+    """Python source over bare function names, for arrays, tensors and numba scalars."""
+
+    def __init__(self):
+        super().__init__({"fully_qualified_modules": False, "standard": "python3"})
+
+    def _call(self, name, expr):
+        return f"{name}({', '.join(self._print(a) for a in expr.args)})"
+
+    def _print_exp(self, e):
+        return self._call("exp", e)
+
+    def _print_log(self, e):
+        return self._call("log", e)
+
+    def _print_expm1(self, e):
+        return self._call("expm1", e)
+
+    def _print_log1p(self, e):
+        return self._call("log1p", e)
+
+    def _print_sinh(self, e):
+        return self._call("sinh", e)
+
+    def _print_cosh(self, e):
+        return self._call("cosh", e)
+
+    def _print_sign(self, e):
+        return self._call("sign", e)
+
+    def _print_Abs(self, e):
+        return self._call("abs", e)
+
+    def _print_Pow(self, expr, rational=False):
+        base, ex = expr.as_base_exp()
+        if ex == sp.Rational(1, 2):
+            return f"sqrt({self._print(base)})"
+        if ex == -1:
+            return f"(1/{self.parenthesize(base, 1000)})"
+        return f"{self.parenthesize(base, 1000)}**{self.parenthesize(ex, 1000)}"
+
+    def _print_Piecewise(self, expr):
+        # where(c1, e1, where(c2, e2, ...)): branch-free, for arrays and tensors alike.
+        out = "nan"
+        for e, c in reversed(expr.args):
+            if c == sp.true:
+                out = self._print(e)
+            else:
+                out = f"where({self._print(c)}, {self._print(e)}, {out})"
+        return out
+
+    def _print_Rational(self, expr):
+        return f"({float(expr)!r})"
+
+    def _print_Float(self, expr):
+        return repr(float(expr))
+
+
+def _numeric_constants(expr: sp.Expr) -> sp.Expr:
+    """Replace constant sub-expressions such as ``log(2)`` by floats (tensors need that)."""
+    return expr.replace(
+        lambda e: e.is_number and not e.is_Rational and not e.is_Float and e.is_finite,
+        lambda e: sp.Float(e.evalf(30), 30),
+    )
+
+
+def compile_expr(expr: sp.Expr, args: tuple[sp.Symbol, ...]) -> str:
+    """Python source of a function ``_fn(*args)`` evaluating ``expr``."""
+    body = _Printer().doprint(_numeric_constants(expr))
+    return f"def _fn({', '.join(a.name for a in args)}):\n    return {body}\n"
+
+
+def bind(source: str, namespace: dict) -> callable:
+    """Execute ``source`` from :func:`compile_expr` with the given function bindings."""
+    missing = [n for n in _FUNCTIONS if n not in namespace]
+    if missing:
+        raise KeyError(f"namespace lacks {missing}")
+    glb = dict(namespace)
+    exec(compile(source, "<fbands-generated>", "exec"), glb)  # noqa: S102 - our own source
+    return glb["_fn"]
