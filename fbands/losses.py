@@ -807,7 +807,9 @@ def preset(name: str, **overrides) -> LossConfig:
     ``band-gppo-<div>``          band clip with gradient-preserving clipped tokens, delta 0.05
     ============================ ===============================================================
 
-    In ``<div>`` a dash may stand for an underscore (``band-reverse-kl``).
+    ``<div>`` is any name :func:`fbands.log_bounds` accepts, parameters included
+    (``band-alpha(a=0.5)``); in the name a dash may stand for an underscore
+    (``band-reverse-kl``).
 
     Parameters
     ----------
@@ -836,7 +838,9 @@ def preset(name: str, **overrides) -> LossConfig:
         fields = None
         for prefix, method in _BAND_PREFIXES:
             if name.startswith(prefix) and len(name) > len(prefix):
-                div = name[len(prefix) :].replace("-", "_")
+                div = name[len(prefix) :]
+                head, paren, params = div.partition("(")  # "alpha(a=-1)" keeps its minus
+                div = head.replace("-", "_") + paren + params
                 fields = {"method": method, "div": div, "delta": 0.05}
                 break
         if fields is None:

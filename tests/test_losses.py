@@ -130,6 +130,7 @@ def test_presets():
         assert (cfg.method, cfg.div, cfg.delta) == (method, "chi2", 0.05)
     assert preset("band-reverse-kl").div == "reverse_kl"
     assert preset("band-mask-neyman-chi2").div == "neyman_chi2"
+    assert preset("band-gppo-alpha(a=-0.5)").div == "alpha(a=-0.5)"
     cfg = preset("band-kl", delta=0.1, agg="seq-mean-token-mean")
     assert (cfg.delta, cfg.agg) == (0.1, "seq-mean-token-mean")
     with pytest.raises(LossError, match="'ppo2'"):
@@ -649,7 +650,8 @@ def test_precompute_band_uses_core_log_bounds():
 @pytest.mark.parametrize("method", ["band_clip", "band_mask", "band_gppo", "trgppo"])
 def test_tiny_p_bf16_every_divergence(method):
     logp_old, logp, adv, mask = tiny_p_batch(torch.bfloat16)
-    for div in fbands.available():
+    divs = [d for d in fbands.available() if d != "alpha"] + ["alpha(a=0.5)", "alpha(a=2)"]
+    for div in divs:
         cfg = LossConfig(method=method, div=div, delta=0.05)
         check_finite(logp_old, logp, adv, mask, cfg)
 
