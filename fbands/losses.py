@@ -32,7 +32,9 @@ method          per-token loss
 between :math:`\log r` and the log of the band edges, so nothing overflows when
 :math:`p` is tiny and :math:`r_{hi} \approx \delta / p` is huge; the edges are computed once
 per batch by :func:`precompute_band` and reused across PPO epochs.  Inputs in bfloat16 or
-float16 are computed in float32 (float64 stays float64).
+float16 are computed in float32 (float64 stays float64); the gradient returns in the input's
+dtype, so prefer bfloat16 to float16, whose largest value (65504) a tail token's gradient
+:math:`A r` can exceed.
 
 Example
 -------
@@ -187,6 +189,8 @@ class LossConfig:
             raise LossError(f"unknown method {self.method!r}; expected one of {', '.join(METHODS)}")
         if self.agg not in AGG_MODES:
             raise LossError(f"unknown agg {self.agg!r}; expected one of {', '.join(AGG_MODES)}")
+        if not isinstance(self.relax, bool):
+            raise LossError(f"relax must be True or False, got {self.relax!r}")
         if not isinstance(self.div, str) or not self.div:
             raise LossError(f"div must be a divergence name, got {self.div!r}")
         _check_number("delta", self.delta, low=0.0, low_open=True)

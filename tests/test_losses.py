@@ -108,6 +108,7 @@ def fake_log_bounds(calls):
         ({"gppo_beta": -1.0}, "gppo_beta"),
         ({"div": ""}, "div"),
         ({"relax": True, "delta": True}, "delta"),
+        ({"relax": "yes"}, "relax"),
     ],
 )
 def test_config_rejects_bad_values(fields, fragment):
