@@ -463,8 +463,8 @@ def agg_loss(
         \text{seq-mean-token-sum-norm} = \frac1B \sum_i \frac{s_i}{L}
         \ (L = T \text{ by default; Dr. GRPO}).
 
-    :math:`B` counts every row, fully masked ones included (as verl does); a row or batch with
-    no tokens contributes 0 instead of NaN.  Masked-out values never leak in, even if they are
+    :math:`B` counts the rows with at least one token (fully masked rows are left out, as in
+    verl 0.9.1's ``agg_loss``); a batch with no tokens gives 0 instead of NaN.  Masked-out values never leak in, even if they are
     ``inf`` or ``nan``.
 
     Parameters
@@ -523,8 +523,9 @@ def agg_loss(
     else:  # seq-mean-token-sum-norm
         scale = values.shape[-1] if loss_scale_factor is None else loss_scale_factor
         per_seq = seq_sum / scale
-    denom = max(per_seq.numel(), 1) if num_seqs is None else num_seqs
-    return per_seq.sum() / denom
+    if num_seqs is None:  # rows with no token at all are left out, as verl 0.9.1 does
+        num_seqs = (weight.sum(dim=-1) > 0).sum().clamp(min=1)
+    return per_seq.sum() / num_seqs
 
 
 # --------------------------------------------------------------------------------------

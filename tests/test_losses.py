@@ -406,13 +406,13 @@ def test_band_is_reused_and_constant_for_fixed_clips():
 def test_agg_modes_by_hand():
     values = torch.tensor([[1.0, 2.0, 3.0, 9.0], [4.0, 5.0, 7.0, 7.0], [6.0, 1.0, 1.0, 1.0]])
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0]])
-    # sequence sums 6, 9, 0; token counts 3, 2, 0; 3 rows; T = 4
+    # sequence sums 6, 9, 0; token counts 3, 2, 0; 2 rows with tokens; T = 4
     expected = {
         "token-mean": 15 / 5,
         "token-sum": 15.0,
-        "seq-mean-token-mean": (2.0 + 4.5 + 0.0) / 3,
-        "seq-mean-token-sum": 15 / 3,
-        "seq-mean-token-sum-norm": (6 / 4 + 9 / 4) / 3,
+        "seq-mean-token-mean": (2.0 + 4.5) / 2,
+        "seq-mean-token-sum": 15 / 2,
+        "seq-mean-token-sum-norm": (6 / 4 + 9 / 4) / 2,
     }
     assert set(expected) == set(AGG_MODES)
     for mode, want in expected.items():
@@ -421,7 +421,7 @@ def test_agg_modes_by_hand():
     assert agg_loss(values, mask, "token-mean", num_tokens=10).item() == pytest.approx(1.5)
     assert agg_loss(values, mask, "seq-mean-token-sum", num_seqs=5).item() == pytest.approx(3.0)
     got = agg_loss(values, mask, "seq-mean-token-sum-norm", loss_scale_factor=2.0)
-    assert got.item() == pytest.approx((3.0 + 4.5) / 3)
+    assert got.item() == pytest.approx((3.0 + 4.5) / 2)
 
 
 def test_agg_empty_mask_and_garbage_padding():
