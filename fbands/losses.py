@@ -464,8 +464,8 @@ def agg_loss(
         \ (L = T \text{ by default; Dr. GRPO}).
 
     :math:`B` counts the rows with at least one token (fully masked rows are left out, as in
-    verl 0.9.1's ``agg_loss``); a batch with no tokens gives 0 instead of NaN.  Masked-out values never leak in, even if they are
-    ``inf`` or ``nan``.
+    verl 0.9.1's ``agg_loss``); a batch with no tokens gives 0 instead of NaN.  Masked-out
+    values never leak in, even if they are ``inf`` or ``nan``.
 
     Parameters
     ----------
