@@ -169,6 +169,7 @@ class NumpyInputs:
 
     def __init__(self, p: Any, delta: Any, *, logp: bool, invalid: str, check: bool):
         self.scalar = isinstance(p, (int, float)) and not isinstance(p, bool)
+        self.logp = logp
         if isinstance(p, bool) or (isinstance(p, np.ndarray) and p.dtype == bool):
             raise BandError("p must be a float or an array of floats, not bool")
         arr = np.asarray(p)

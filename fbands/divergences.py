@@ -110,6 +110,11 @@ class Divergence:
 
         return bounds(1.0, float(delta), self, backend="numpy")[0]
 
+    @cached_property
+    def mpmath_f(self):
+        """``f`` as an mpmath function (for extended-precision refinement)."""
+        return sp.lambdify(symbolic.U, self.f, "mpmath")
+
     # -- code for the backends -------------------------------------------------------------
 
     @cached_property
