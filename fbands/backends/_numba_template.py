@@ -367,8 +367,9 @@ def stage1_p(x, start, m, t0, inv_h, n_low, y_min, ncell, kk, uu, ll, flag):
         low = lp <= -LN2
         y = vlog(max(1.0 - pv, 1e-300))
         z = (lp - t0) * inv_h if low else n_low + (max(y, y_min) - y_min) * inv_h
-        zc = min(max(z, 0.0), ncell - 1e-6)
-        k = np.int32(zc)
+        zc = max(z, 0.0)
+        # p = 1/2 exactly (z = n_low from below) stays in the last log p cell, at u = 1.
+        k = np.int32(min(zc, (n_low if low else ncell) - 0.5))
         kk[j] = k
         uu[j] = 2.0 * (zc - k) - 1.0
         ll[j] = lp
@@ -386,8 +387,9 @@ def stage1_logp(x, start, m, t0, inv_h, n_low, y_min, ncell, kk, uu, ll, flag):
         low = lp <= -LN2
         y = vlog(max(-vexpm1(max(lp, -LN2)), 1e-300))
         z = (lp - t0) * inv_h if low else n_low + (max(y, y_min) - y_min) * inv_h
-        zc = min(max(z, 0.0), ncell - 1e-6)
-        k = np.int32(zc)
+        zc = max(z, 0.0)
+        # p = 1/2 exactly (z = n_low from below) stays in the last log p cell, at u = 1.
+        k = np.int32(min(zc, (n_low if low else ncell) - 0.5))
         kk[j] = k
         uu[j] = 2.0 * (zc - k) - 1.0
         ll[j] = lp
