@@ -65,8 +65,17 @@ def _pairs(got, ref):
 LOOSE = {"alpha(a=0.5)": 2e-11, "alpha(a=-1)": 2e-11}
 
 
+@pytest.fixture(params=["torch", "numba"])
+def cpu_kernel(request, monkeypatch):
+    """CPU tensors on the torch solver, or handed to numba (see torch_backend.CPU_KERNEL)."""
+    from fbands.backends import torch_backend
+
+    monkeypatch.setattr(torch_backend, "CPU_KERNEL", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("div", DIVERGENCES)
-def test_float64_backends_agree_with_numpy(div):
+def test_float64_backends_agree_with_numpy(div, cpu_kernel):
     tol = LOOSE.get(div, 1e-12)
     grid_p = np.broadcast_to(P, (len(DELTAS), P.size))
     grid_d = np.broadcast_to(np.array(DELTAS)[:, None], grid_p.shape)
@@ -93,7 +102,7 @@ def test_float64_backends_agree_with_numpy(div):
 
 
 @pytest.mark.parametrize("div", FLOAT32_DIVERGENCES)
-def test_float32_within_a_few_ulp(div):
+def test_float32_within_a_few_ulp(div, cpu_kernel):
     p32 = P.astype(np.float32)
     # p rounding to exactly 1 in float32 is the p -> 1 limit, which the numpy reference
     # does not resolve for every closed form; it is covered in float64 above.
@@ -167,6 +176,8 @@ def test_against_the_high_precision_reference(div):
         t_hi = np.array([float(t[1]) for t in true])
         for backend, arr in (("numba", np.array(ps)), ("torch", torch.tensor(ps,
                                                                           dtype=torch.float64))):
+        # (torch: CPU tensors go to numba by default; the torch solver is checked against
+        # numpy in test_float64_backends_agree_with_numpy)
             lo, hi = fbands.bounds(arr, delta, div, backend=backend)
             lo, hi = np.asarray(lo), np.asarray(hi)
             assert rel_err(lo, t_lo) <= 1e-12 and rel_err(hi, t_hi) <= 1e-12, backend
