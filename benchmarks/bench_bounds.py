@@ -17,19 +17,27 @@ Run::
     python benchmarks/bench_bounds.py --quick    # N in {32k, 1M}, fewer cases
 
 Results go to ``benchmarks/results/bench_bounds.json`` and ``bench_bounds.md``.
+
+The script sets ``OMP_WAIT_POLICY=PASSIVE`` (unless set already): torch and numba each
+keep an OpenMP thread pool, and with the default policy the idle threads of one spin while
+the other works; on a small machine that made every parallel call here 10-20x slower
+(bisection included), which would measure the scheduler rather than the solvers.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
-import sys
-import time
-from pathlib import Path
 
-import numpy as np
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before numpy, torch or numba load
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
@@ -133,6 +141,7 @@ def machine() -> dict:
         "torch_threads": torch.get_num_threads(),
         "numba_threads": numba.get_num_threads(),
         "load_average_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
         "python": platform.python_version(),
         "numpy": np.__version__,
         "torch": torch.__version__,
