@@ -27,7 +27,7 @@ DIVERGENCES = [
     "alpha(a=0.5)", "alpha(a=3)", "alpha(a=-1)", "triangular",
 ]
 #: float32 kernels are compiled per divergence: a representative subset keeps CI short.
-FLOAT32_DIVERGENCES = ["kl", "tv", "hellinger", "triangular"]
+FLOAT32_DIVERGENCES = ["kl", "reverse_kl", "tv", "hellinger", "triangular"]
 DELTAS = [1e-4, 0.05, 1.0]
 P = np.concatenate([np.logspace(-12, -0.31, 45), [0.5], 1 - np.logspace(-9, -0.31, 30)])
 
@@ -116,6 +116,19 @@ def test_float32_within_a_few_ulp(div, cpu_kernel):
                 for g, r in _pairs(got, ref):
                     assert g.dtype == np.float32
                     assert ulp_err(g, r) <= 4, (div, delta, log)
+
+
+@pytest.mark.parametrize("div", ["kl", "reverse_kl", "chi2", "js"])
+def test_p_at_one(div):
+    """p = 1 (log p = 0) and p within 1e-30 of it, where the band tends to [r*, 1]."""
+    lp = np.array([0.0, -1e-30, -1e-20])
+    for log in (False, True):
+        fn = fbands.log_bounds if log else fbands.bounds
+        ref = fn(lp, 0.05, div, backend="numpy", logp=True)
+        for dtype in (np.float64, np.float32):
+            got = fn(lp.astype(dtype), 0.05, div, backend="numba", logp=True)
+            for g, r in zip(got, ref, strict=True):
+                assert rel_err(g, r) <= (1e-12 if dtype == np.float64 else 1e-7), (div, dtype)
 
 
 def test_logp_input_on_every_backend():

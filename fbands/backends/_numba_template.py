@@ -34,6 +34,9 @@ LN2 = math.log(2.0)
 F0 = float("{f0!r}")        # f(0+)
 CURV = float("{curv!r}")      # f''(1) used by the initial guess (1 when infinite or nan)
 NEAR = {near!r}             # |s| below which the near form of F is used
+# f'(inf) infinite: the lower edge tends to 1 as p -> 1, but only like 1 / log(1 / (1 - p)),
+# so the table's last cell cannot stand in for p closer to 1 than e^y_min.
+SLOW_AT_ONE = {slow_at_one!r}
 Q_FLOOR = 1e-300
 
 OPTS = dict(cache=True, error_model="numpy", nogil=True)
@@ -374,7 +377,9 @@ def stage1_p(x, start, m, t0, inv_h, n_low, y_min, ncell, kk, uu, ll, flag):
         uu[j] = 2.0 * (zc - k) - 1.0
         ll[j] = lp
         f = np.uint8(1) if not (z >= 0.0) else np.uint8(0)
-        f = np.uint8(4) if (not low and y < y_min) else f
+        beyond = not low and y < y_min
+        f = np.uint8(4) if beyond else f
+        f = np.uint8(1) if (beyond and SLOW_AT_ONE) else f
         flag[start + j] = np.uint8(2) if not valid else f
 
 
@@ -394,7 +399,9 @@ def stage1_logp(x, start, m, t0, inv_h, n_low, y_min, ncell, kk, uu, ll, flag):
         uu[j] = 2.0 * (zc - k) - 1.0
         ll[j] = lp
         f = np.uint8(1) if not (z >= 0.0) else np.uint8(0)
-        f = np.uint8(4) if (not low and y < y_min) else f
+        beyond = not low and y < y_min
+        f = np.uint8(4) if beyond else f
+        f = np.uint8(1) if (beyond and SLOW_AT_ONE) else f
         f = np.uint8(3) if lp == -INF else f
         flag[start + j] = np.uint8(2) if not valid else f
 

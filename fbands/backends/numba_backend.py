@@ -63,9 +63,11 @@ LAYOUTS = {
     "float64": {"cell": 0.25, "degree": 11, "tol": 1e-13},
     "float32": {"cell": 1.0 / 16.0, "degree": 5, "tol": 1e-10},
 }
-#: Lowest log(1 - p) of the cells for p > 1/2; closer to 1, the lower edge is that of the
-#: first cell (its error is O(q log q), below 1e-24) and the upper edge is 1 / p (the rest
-#: of the vocabulary keeps less than e^-60 of the mass).
+#: Lowest log(1 - p) of the cells for p > 1/2; closer to 1, the upper edge is 1 / p (the
+#: rest of the vocabulary keeps less than e^-60 of the mass) and the lower edge is that of
+#: the first cell when f'(inf) is finite (its error is O(q log q), below 1e-24); when
+#: f'(inf) is infinite it creeps to 1 like 1 / log(1 / q), and such elements are solved
+#: exactly.
 Y_MIN = -60.0
 #: The log p cells reach down to log p = -T_LOW (below every float32 probability); smaller
 #: probabilities are solved exactly.
@@ -103,7 +105,8 @@ def module_source(div) -> str:
     src = div.sources
     curv = div.curvature
     curv = curv if math.isfinite(curv) and curv > 0 else 1.0
-    parts = [template.HEADER.format(name=div.name, f0=div.f0, curv=curv, near=symbolic.NEAR)]
+    parts = [template.HEADER.format(name=div.name, f0=div.f0, curv=curv, near=symbolic.NEAR,
+                                    slow_at_one=math.isinf(div.fprime_inf))]
 
     def fn(key: str, name: str) -> str:
         return "@njit(**OPTS)\n" + src[key].replace("def _fn(", f"def {name}(", 1) + "\n"
