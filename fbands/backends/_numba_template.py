@@ -407,11 +407,16 @@ def stage1_logp(x, start, m, t0, inv_h, n_low, y_min, ncell, kk, uu, ll, flag):
 
 
 @njit(**OPTS)
-def stage2(start, m, coef, code, kk, uu, ll, hh, flag):
+def stage2(start, m, coef, code, sub, subdiv, kk, uu, ll, hh, flag):
     deg = coef.shape[1]
     for j in range(m):
         k = kk[j]
         u = uu[j]
+        if code[k, 0] == 3:  # a refined cell: move to its subcell
+            z = (u + 1.0) * (0.5 * subdiv)
+            i = min(np.int64(z), subdiv - 1)
+            u = 2.0 * (z - i) - 1.0
+            k = sub[k] + i
         a = coef[k, 0, 0]
         b = coef[k, 0, 1]
         for i in range(1, deg):
@@ -446,19 +451,21 @@ def stage3_top(x, logp, start, m, ll, hh, out_hi):
 
 
 @njit(parallel=True, **OPTS)
-def table_pass(x, logp, t0, inv_h, n_low, y_min, coef, code, want_log, out_lo, out_hi, flag):
+def table_pass(x, logp, t0, inv_h, n_low, y_min, coef, code, sub, subdiv, want_log, out_lo,
+               out_hi, flag):
     """Band edges of a flat array for one scalar delta, from a per-(divergence, delta) table.
 
     Cells of width 1 / inv_h: for log p <= -log 2 in log p, starting at t0 (n_low cells);
     above, in y = log(1 - p), starting at y_min (y below is read as y_min, and the upper
     edge as 1 / p).  Each cell holds the monomial coefficients in u in [-1, 1] of both
     log-edges (coef[k, j, edge]) and a code per edge (code[k, edge]): 0 polynomial,
-    1 saturated (lower: r = 0, upper: r = 1 / p), 2 solve exactly.  No libm calls (log and
+    1 saturated (lower: r = 0, upper: r = 1 / p), 2 solve exactly, 3 (both edges) use the
+    subdiv subcells from row sub[k].  No libm calls (log and
     exp are the inlined vlog and vexp), so that stages 1 and 3 vectorise.  Elements it
     cannot do keep a non-zero flag for :func:`exact_pass`.
     """
     n = x.size
-    ncell = code.shape[0]
+    ncell = sub.shape[0]
     nblock = (n + BLOCK - 1) // BLOCK
     for blk in prange(nblock):
         start = blk * BLOCK
@@ -471,7 +478,7 @@ def table_pass(x, logp, t0, inv_h, n_low, y_min, coef, code, want_log, out_lo, o
             stage1_logp(x, start, m, t0, inv_h, n_low, y_min, ncell, kk, uu, ll, flag)
         else:
             stage1_p(x, start, m, t0, inv_h, n_low, y_min, ncell, kk, uu, ll, flag)
-        stage2(start, m, coef, code, kk, uu, ll, hh, flag)
+        stage2(start, m, coef, code, sub, subdiv, kk, uu, ll, hh, flag)
         if want_log:
             for j in range(m):
                 out_lo[start + j] = uu[j]

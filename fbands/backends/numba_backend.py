@@ -63,6 +63,8 @@ LAYOUTS = {
     "float64": {"cell": 0.25, "degree": 11, "tol": 1e-13},
     "float32": {"cell": 1.0 / 16.0, "degree": 5, "tol": 1e-10},
 }
+#: Subcells per cell for the cells the polynomials do not resolve.
+SUBDIV = 16
 #: Lowest log(1 - p) of the cells for p > 1/2; closer to 1, the upper edge is 1 / p (the
 #: rest of the vocabulary keeps less than e^-60 of the mass) and the lower edge is that of
 #: the first cell when f'(inf) is finite (its error is O(q log q), below 1e-24); when
@@ -175,17 +177,24 @@ class Table:
 
     ``coef[k, j, e]``: coefficient of ``u**(degree - j)`` on cell ``k`` for edge ``e``
     (0 lower, 1 upper), interleaved so that one cell is one contiguous read.
-    ``code[k, e]``: 0 polynomial, 1 saturated, 2 solve exactly.
+    ``code[k, e]``: 0 polynomial, 1 saturated, 2 solve exactly, 3 see the subcells
+    ``sub[k] ... sub[k] + SUBDIV - 1`` (rows appended after the main cells).
     """
 
-    def __init__(self, t0, n_low, inv_h, coef, code):
+    def __init__(self, t0, n_low, inv_h, coef, code, sub):
         self.t0, self.n_low, self.inv_h = t0, n_low, inv_h
-        self.coef, self.code = coef, code
+        self.coef, self.code, self.sub = coef, code, sub
 
     @property
     def exact_fraction(self) -> float:
-        """Share of cells solved element by element."""
-        return float(np.mean((self.code == 2).any(axis=1)))
+        """Share of the p-range (in cells) solved element by element."""
+        n = self.sub.size
+        bad = (self.code[:n] == 2).any(axis=1).astype(float)
+        refined = self.sub >= 0
+        if refined.any():
+            parts = (self.code[n:] == 2).any(axis=1).reshape(-1, SUBDIV).mean(axis=1)
+            bad[refined] = parts
+        return float(bad.mean())
 
 
 def _solve_exact(mod, lp, delta):
@@ -229,37 +238,66 @@ def build_table(div, delta: float, layout: str = "float64") -> Table:
     lp_low = t0 + cell * (np.arange(n_low)[:, None] + w)
     lq_high = Y_MIN + cell * (np.arange(n_high)[:, None] + w)
     lp = np.concatenate((lp_low, np.log1p(-np.exp(lq_high))))
-    lo, hi = _solve_exact(mod, lp.ravel(), float(delta))
-    lo, hi = lo.reshape(lp.shape), hi.reshape(lp.shape)
-    top = hi == -lp
+    fit = _Fitter(mod, float(delta), m, tol, u_check)
+    coef, code = fit(lp)
 
-    # Fit in the Chebyshev basis from the node values, then convert to monomials in u.
-    theta = np.pi * (np.arange(m) + 0.5) / m
-    basis = np.cos(np.outer(np.arange(m), theta))[:, ::-1]  # T_j at the (ascending) nodes
-    to_mono = np.zeros((m, m))  # row j: ascending monomial coefficients of T_j
-    for j in range(m):
-        c = np.polynomial.chebyshev.cheb2poly(np.eye(m)[j])
-        to_mono[j, : c.size] = c
-    coefs, codes = [], []
-    for vals, saturated in ((lo, lo == -math.inf), (hi, top)):
-        node_vals = np.where(saturated[:, :m] | ~np.isfinite(vals[:, :m]), 0.0, vals[:, :m])
-        cheb = node_vals @ basis.T * (2.0 / m)
-        cheb[:, 0] /= 2.0
-        mono = np.ascontiguousarray((cheb @ to_mono)[:, ::-1])  # highest power first
-        approx = _horner(mono, np.broadcast_to(u_check, (ncell, u_check.size)))
-        exact = vals[:, m:]
-        with np.errstate(invalid="ignore"):
-            ok = np.abs(approx - exact) <= _allowed(exact, tol)
-            if vals is hi:  # an upper edge within rounding of 1 / p is read as 1 / p
-                saturated = saturated | (np.abs(vals + lp) <= _allowed(vals, tol))
-        all_sat = saturated.all(axis=1)
-        any_sat = saturated.any(axis=1)
-        good = np.isfinite(vals).all(axis=1) & ~any_sat & ok.all(axis=1)
-        codes.append(np.where(all_sat, 1, np.where(good, 0, 2)).astype(np.int8))
-        coefs.append(mono)
-    coef = np.ascontiguousarray(np.stack(coefs, axis=2))
-    code = np.ascontiguousarray(np.stack(codes, axis=1))
-    return Table(t0, n_low, 1.0 / cell, coef, code)
+    # Cells the polynomials do not resolve (a saturation threshold, an edge that closes in on
+    # 1 / p faster than any polynomial follows): cut each into SUBDIV subcells, appended to
+    # the table; subcells that still fail are solved exactly.
+    bad = np.nonzero((code == 2).any(axis=1))[0]
+    sub = np.full(ncell, -1, dtype=np.int32)
+    if bad.size:
+        frac = (np.arange(SUBDIV)[:, None] + w) / SUBDIV  # (SUBDIV, points) in [0, 1]
+        pos = bad[:, None, None] + frac[None]  # in cells
+        low = bad < n_low
+        lp_sub = np.where(
+            low[:, None, None],
+            t0 + cell * pos,
+            np.log1p(-np.exp(Y_MIN + cell * (pos - n_low))),
+        ).reshape(bad.size * SUBDIV, -1)
+        coef_s, code_s = fit(lp_sub)
+        sub[bad] = ncell + SUBDIV * np.arange(bad.size, dtype=np.int32)
+        code[bad] = 3
+        coef = np.ascontiguousarray(np.concatenate((coef, coef_s)))
+        code = np.ascontiguousarray(np.concatenate((code, code_s)))
+    return Table(t0, n_low, 1.0 / cell, coef, code, sub)
+
+
+class _Fitter:
+    """Chebyshev interpolation and validation of both log-edges on rows of abscissae."""
+
+    def __init__(self, mod, delta, m, tol, u_check):
+        self.mod, self.delta, self.m, self.tol, self.u_check = mod, delta, m, tol, u_check
+        theta = np.pi * (np.arange(m) + 0.5) / m
+        self.basis = np.cos(np.outer(np.arange(m), theta))[:, ::-1]  # T_j at the nodes
+        self.to_mono = np.zeros((m, m))  # row j: ascending monomial coefficients of T_j
+        for j in range(m):
+            c = np.polynomial.chebyshev.cheb2poly(np.eye(m)[j])
+            self.to_mono[j, : c.size] = c
+
+    def __call__(self, lp: np.ndarray):
+        """lp: (cells, m nodes + m + 1 checks) -> coef (cells, m, 2), code (cells, 2)."""
+        m, tol = self.m, self.tol
+        lo, hi = _solve_exact(self.mod, lp.ravel(), self.delta)
+        lo, hi = lo.reshape(lp.shape), hi.reshape(lp.shape)
+        coefs, codes = [], []
+        for vals, saturated in ((lo, lo == -math.inf), (hi, hi == -lp)):
+            node_vals = np.where(saturated[:, :m] | ~np.isfinite(vals[:, :m]), 0.0, vals[:, :m])
+            cheb = node_vals @ self.basis.T * (2.0 / m)
+            cheb[:, 0] /= 2.0
+            mono = np.ascontiguousarray((cheb @ self.to_mono)[:, ::-1])  # highest power first
+            approx = _horner(mono, np.broadcast_to(self.u_check, (lp.shape[0], m + 1)))
+            exact = vals[:, m:]
+            with np.errstate(invalid="ignore"):
+                ok = np.abs(approx - exact) <= _allowed(exact, tol)
+                if vals is hi:  # an upper edge within rounding of 1 / p is read as 1 / p
+                    saturated = saturated | (np.abs(vals + lp) <= _allowed(vals, tol))
+            all_sat = saturated.all(axis=1)
+            any_sat = saturated.any(axis=1)
+            good = np.isfinite(vals).all(axis=1) & ~any_sat & ok.all(axis=1)
+            codes.append(np.where(all_sat, 1, np.where(good, 0, 2)).astype(np.int8))
+            coefs.append(mono)
+        return np.stack(coefs, axis=2), np.stack(codes, axis=1)
 
 
 def table(div, delta: float, layout: str = "float64") -> Table:
@@ -314,8 +352,8 @@ def _fast(div, p, delta, *, logp, invalid, check, log):
     out_hi = np.empty(x.shape, dtype=p.dtype)
     flag = np.empty(x.shape, dtype=np.uint8)
     mod.table_pass(
-        x, bool(logp), tab.t0, tab.inv_h, tab.n_low, Y_MIN, tab.coef, tab.code, bool(log),
-        out_lo, out_hi, flag,
+        x, bool(logp), tab.t0, tab.inv_h, tab.n_low, Y_MIN, tab.coef, tab.code, tab.sub,
+        SUBDIV, bool(log), out_lo, out_hi, flag,
     )
     if flag.any():  # a byte per element: cheap next to the pass itself
         if check and invalid == "raise" and (flag == 2).any():
