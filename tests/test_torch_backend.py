@@ -12,6 +12,14 @@ torch = pytest.importorskip("torch")
 import fbands  # noqa: E402
 from fbands.backends import torch_backend  # noqa: E402
 
+
+@pytest.fixture(params=["torch", "numba"])
+def cpu_kernel(request, monkeypatch):
+    """Run a test with CPU tensors on the torch solver and on the numba hand-off."""
+    monkeypatch.setattr(torch_backend, "CPU_KERNEL", request.param)
+    return request.param
+
+
 P = np.concatenate([np.logspace(-12, -0.31, 40), 1 - np.logspace(-9, -0.31, 25)])
 DELTAS = (1e-4, 0.05, 1.0)
 
@@ -26,7 +34,7 @@ def _rel(a, b):
 
 @pytest.mark.parametrize("div", ["kl", "tv", "hellinger", "js", "alpha(a=3)"])
 @pytest.mark.parametrize("log", [False, True])
-def test_agrees_with_numpy_float64(div, log):
+def test_agrees_with_numpy_float64(div, log, cpu_kernel):
     fn = fbands.log_bounds if log else fbands.bounds
     p = np.broadcast_to(P, (len(DELTAS), P.size))
     d = np.array(DELTAS)[:, None]
@@ -37,7 +45,7 @@ def test_agrees_with_numpy_float64(div, log):
         assert _rel(g.numpy(), r) <= 1e-12
 
 
-def test_logp_input_matches_p_input():
+def test_logp_input_matches_p_input(cpu_kernel):
     lp = torch.log(torch.from_numpy(P))
     a = fbands.log_bounds(lp, 0.05, "kl", logp=True)
     b = fbands.log_bounds(torch.from_numpy(P), 0.05, "kl")
@@ -45,14 +53,14 @@ def test_logp_input_matches_p_input():
         assert _rel(x.numpy(), y.numpy()) <= 1e-12
 
 
-def test_logp_minus_inf_is_the_p_to_zero_limit():
+def test_logp_minus_inf_is_the_p_to_zero_limit(cpu_kernel):
     lo, hi = fbands.log_bounds(torch.tensor([-math.inf, -1.0]), 0.05, "kl", logp=True)
     assert lo[0] == -math.inf and hi[0] == math.inf
     assert torch.isfinite(lo[1]) and torch.isfinite(hi[1])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_low_precision_is_computed_in_float64_and_rounded_once(dtype):
+def test_low_precision_is_computed_in_float64_and_rounded_once(dtype, cpu_kernel):
     p = torch.tensor([0.001, 0.02, 0.3, 0.9], dtype=dtype)
     lo, hi = fbands.bounds(p, 0.05, "kl")
     assert lo.dtype == hi.dtype == dtype and lo.shape == p.shape
@@ -61,7 +69,7 @@ def test_low_precision_is_computed_in_float64_and_rounded_once(dtype):
     assert torch.equal(hi, torch.from_numpy(ref_hi).to(dtype))
 
 
-def test_shape_and_per_token_delta_broadcast():
+def test_shape_and_per_token_delta_broadcast(cpu_kernel):
     p = torch.full((2, 3, 4), 0.1)
     delta = torch.tensor([0.01, 0.05, 0.2, 1.0])  # one radius per position
     lo, hi = fbands.bounds(p, delta, "chi2")
@@ -72,7 +80,7 @@ def test_shape_and_per_token_delta_broadcast():
     assert torch.allclose(hi[0, 0].double(), expected, rtol=1e-6)
 
 
-def test_zero_dim_and_non_tensor_inputs_keep_their_kind():
+def test_zero_dim_and_non_tensor_inputs_keep_their_kind(cpu_kernel):
     lo, hi = fbands.bounds(torch.tensor(0.2), 0.05, "tv")
     assert lo.shape == () and abs(float(hi) - 1.25) < 1e-6
     flo, fhi = fbands.bounds(0.2, 0.05, "tv", backend="torch")
@@ -81,13 +89,13 @@ def test_zero_dim_and_non_tensor_inputs_keep_their_kind():
     assert isinstance(alo, np.ndarray) and np.allclose(ahi, [1.25, 1.1])
 
 
-def test_no_autograd_graph():
+def test_no_autograd_graph(cpu_kernel):
     lp = torch.log(torch.tensor([0.1, 0.5], dtype=torch.float64)).requires_grad_()
     lo, hi = fbands.log_bounds(lp, 0.05, "kl", logp=True)
     assert not lo.requires_grad and not hi.requires_grad and lo.grad_fn is None
 
 
-def test_invalid_input():
+def test_invalid_input(cpu_kernel):
     with pytest.raises(fbands.BandError, match=r"p must lie in \(0, 1\]; got 1.5 at index \(1,\)"):
         fbands.bounds(torch.tensor([0.5, 1.5]), 0.05)
     with pytest.raises(fbands.BandError, match="delta"):
@@ -106,6 +114,7 @@ def test_hot_path_traces_without_graph_break(monkeypatch):
     code path is the same as with the default count.
     """
     monkeypatch.setattr(torch_backend, "FIXED_ITER", 2)
+    monkeypatch.setattr(torch_backend, "CPU_KERNEL", "torch")
     torch._dynamo.reset()
     kl = fbands.get("kl")  # the registry lookup and backend choice stay outside the graph
 
