@@ -57,7 +57,7 @@ def sample(model, codec: Codec, prompt_texts: list[str], group_size: int, max_ne
         mask = torch.cat([mask, torch.ones_like(token)], dim=1)
     response = torch.cat(tokens, dim=1)  # (B, R)
     response_mask = torch.stack(valid, dim=1).long()  # (B, R)
-    prompt_mask = (mask[:, :width_p])
+    prompt_mask = mask[:, :width_p]
     input_ids = torch.cat([ids, response], dim=1)
     attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
     completions = [codec.decode_answer(row) for row in response.tolist()]

@@ -64,6 +64,11 @@ def _autocast(cfg: TrainConfig, device: torch.device):
     return contextlib.nullcontext
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _step_seed(seed: int, step: int) -> int:
     """A 62-bit seed for step ``step``'s sampling and shuffling (counter-based)."""
     return int(np.random.default_rng([seed, step, 1]).integers(2**62))
@@ -231,8 +236,10 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
                 logp_ref, _ = token_logprobs(reference, ids, attn, width_p,
                                              temperature=cfg.temperature,
                                              chunk=cfg.logprob_chunk)
+        _sync(device)  # two syncs per step so that the band's share of time is measured
         t_band = time.perf_counter()
         band = precompute_band(logp_old, loss_cfg, mask=mask, check=device.type == "cpu")
+        _sync(device)
         t_band = time.perf_counter() - t_band
 
         # 5. PPO epochs over shuffled minibatches -----------------------------------------
