@@ -27,7 +27,8 @@ HELP = {
     "seed": "RL seed: prompts, samples and minibatch order of every step derive from it",
     "device": "auto (CUDA when available), cpu or cuda",
     "bf16": "bf16 autocast on CUDA",
-    "threads": "torch CPU threads (0: torch's default)",
+    "threads": "torch CPU threads; 1 is fastest for the tiny model (many threads on tiny "
+               "matrices mostly wait on each other); 0: torch's default",
     "task": f"one of {TASKS}",
     "tail_share": "tail task: share of the rewarded answers in the warm-start data",
     "tail_length": "tail task: letters per prompt",
@@ -94,7 +95,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"  # "auto" picks CUDA when available, else CPU
     bf16: bool = True  # bf16 autocast on CUDA (ignored on CPU)
-    threads: int = 0  # torch CPU threads; 0 leaves torch's default
+    threads: int = 1  # torch CPU threads (1 suits the tiny model); 0 leaves torch's default
     # --- task and policy ---------------------------------------------------------------
     task: str = "tail"  # one of TASKS
     tail_share: float = 0.06  # tail task: warm-start share of the rewarded answers
