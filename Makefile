@@ -13,7 +13,7 @@ demo: setup
 
 ## Lint, the test suite, the docs (warnings are errors) and their doctests.
 test: setup
-	$(PY) -m ruff check fbands tests benchmarks docs
+	$(PY) -m ruff check .
 	$(PY) -m pytest
 	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html -q
 	$(PY) -m sphinx -W --keep-going -b doctest docs docs/_build/doctest -q

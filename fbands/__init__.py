@@ -15,7 +15,6 @@ from fbands.errors import BandError as BandError
 from fbands.errors import DivergenceError as DivergenceError
 
 
-
 def reference_band(p_old, index, delta, div="kl", *, solver=None):
     """Band of one token by convex optimisation over the whole simplex (needs cvxpy).
 

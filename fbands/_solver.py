@@ -66,10 +66,10 @@ def log1mexp(xp, z):
 class BandFunction:
     """``g(s)`` and ``g'(s)`` of one divergence for fixed inputs."""
 
-    def __init__(self, div: Divergence, xp, inputs: Inputs):
+    def __init__(self, div: Divergence, xp, inputs: Inputs, kernels=None):
         self.xp = xp
         self.div = div
-        self.F, self.dF, self.closed = div.kernels(xp)
+        self.F, self.dF, self.closed = div.kernels(xp) if kernels is None else kernels
         self.x = inputs
         self.p_over_q = xp.exp(inputs.lp - inputs.lq)
         self.f0 = div.f0
@@ -125,9 +125,10 @@ class BandFunction:
         return w * c if math.isfinite(c) else self.xp.where(w > 0, math.inf, 0.0) + 0.0 * w
 
 
-#: Below this log p the band follows from the tails of f alone: the terms neglected are
-#: O(p |log p|^2), below 1e-250 relative.
-LP_TINY = -600.0
+#: Below this log p the band follows from the tails of f alone (the terms neglected are
+#: O(p |log p|^2), below 1e-120 relative, for the built-in divergences), and above it F(s)
+#: stays finite up to s = -log p for generators growing like u^2.
+LP_TINY = -300.0
 #: Below this log p the closed-form coefficients (products of several p) underflow.
 LP_CLOSED = -150.0
 
@@ -135,21 +136,25 @@ LP_CLOSED = -150.0
 class TinyUpper(BandFunction):
     """Upper edge for ``log p < LP_TINY``, in ``w = log v``, ``v = p r`` in ``(0, 1]``.
 
-    With ``f(u) ~ A u^k (log u)^m`` as ``u -> inf`` (:attr:`Derivation.tail_inf`),
-    ``p f(v / p) -> T(w) = A exp(k w + (1 - k) log p) (w - log p)^m`` and ``q -> 1``, so
+    With ``f(u) ~ u^k (A (log u)^m + B)`` as ``u -> inf`` (:attr:`Derivation.tail_inf`),
+    ``p f(v / p) -> T(w) = exp(k w + (1 - k) log p) (A (w - log p)^m + B)`` and ``q -> 1``, so
     ``g = T(w) + F(log(1 - v))``.  Each quantity stays representable although ``p`` and
     ``1/p`` are not.
     """
 
-    def __init__(self, div: Divergence, xp, inputs: Inputs):
-        super().__init__(div, xp, inputs)
-        self.A, self.k, self.m = div.derivation.tail_inf
+    def __init__(self, div: Divergence, xp, inputs: Inputs, kernels=None):
+        super().__init__(div, xp, inputs, kernels)
+        self.A, self.k, self.m, self.B = div.derivation.tail_inf
 
     def _T(self, w):
         xp, lp = self.xp, self.x.lp
         z = w - lp  # = log r >= 0
-        T = self.A * xp.exp(self.k * w + (1 - self.k) * lp) * (z if self.m else 1.0)
-        return T, T * (self.k + (self.m / z if self.m else 0.0))
+        scale = xp.exp(self.k * w + (1 - self.k) * lp)
+        if not self.m:
+            T = self.A * scale
+            return T, self.k * T
+        T = scale * (self.A * z + self.B)
+        return T, self.k * T + self.A * scale
 
     def value_and_slope(self, w):
         xp = self.xp
@@ -166,16 +171,43 @@ class TinyUpper(BandFunction):
     def guess(self):
         """Root of ``T(w) = delta`` (the c-term dropped), at most ``log(1/2)``."""
         xp, x = self.xp, self.x
-        m_term = self.m * xp.log(-x.lp) if self.m else 0.0
+        m_term = xp.log(-x.lp) if self.m else 0.0
         w = (xp.log(x.delta / self.A) - (1 - self.k) * x.lp - m_term) / self.k
         return xp.minimum(w, -math.log(2.0))
+
+
+class AtOne(BandFunction):
+    """The lower edge at ``p = 1``: the root of ``f(r) + (1 - r) f'(inf) = delta``.
+
+    As ``p -> 1`` the second token's term ``q f((1 - r p) / q)`` tends to ``(1 - r) f'(inf)``;
+    ``p = 1`` itself is solved from that limit, exactly.
+    """
+
+    def value_and_slope(self, s):
+        A = self.div.fprime_inf
+        g = self.F(s) - self.xp.expm1(s) * A
+        return g, self.dF(s) - self.xp.exp(s) * A
+
+    def value(self, s):
+        return self.value_and_slope(s)[0]
+
+
+def _solve_at_one(div: Divergence, xp, x: Inputs, fixed_iter, kernels=None):
+    zero = 0.0 * x.lp
+    if math.isinf(div.fprime_inf):
+        return zero  # f'(inf) = inf: nothing may leave a token of probability 1
+    if div.f0 + div.fprime_inf <= 0:  # pragma: no cover - excluded by convexity
+        return zero - math.inf
+    fun = AtOne(div, xp, x, kernels)
+    s = newton_edge(fun, "lower", zero - 0.1, zero - math.inf, zero, fixed_iter=fixed_iter)
+    return xp.where(div.f0 + div.fprime_inf <= x.delta, -math.inf, xp.minimum(s, zero))
 
 
 def _lower_tail(div: Divergence, xp, x: Inputs):
     """``log r`` solving ``p f(r) = delta`` from ``f ~ A r^k (log r)^m`` at 0, or None."""
     if div.derivation.tail0 is None:
         return None
-    A, k, m = div.derivation.tail0
+    A, k, m, _ = div.derivation.tail0
     if m == 0 and k < 0:
         return (xp.log(x.delta / A) - x.lp) / k
     if m == 1 and k == 0 and A < 0:
@@ -183,7 +215,7 @@ def _lower_tail(div: Divergence, xp, x: Inputs):
     return None
 
 
-def _solve_tiny(div: Divergence, xp, x: Inputs, fixed_iter):
+def _solve_tiny(div: Divergence, xp, x: Inputs, fixed_iter, kernels=None):
     """Log-edges for ``log p < LP_TINY`` (nan where the tails of f are unknown)."""
     d = div.derivation
     nan = 0.0 * x.lp + math.nan
@@ -191,7 +223,7 @@ def _solve_tiny(div: Divergence, xp, x: Inputs, fixed_iter):
     if d.tail_inf is None or not d.tail_inf[0] > 0:
         s_hi = nan
     else:
-        fun = TinyUpper(div, xp, x)
+        fun = TinyUpper(div, xp, x, kernels)
         w = newton_edge(fun, "upper", fun.guess(), minus_inf, 0.0 * x.lp,
                         fixed_iter=fixed_iter)
         T1, _ = fun._T(0.0 * x.lp)
@@ -317,38 +349,55 @@ def newton_edge(fun: BandFunction, edge: str, s0, lo, hi, *, max_iter: int = 200
     return s
 
 
-def solve(div: Divergence, xp, inputs: Inputs, *, fixed_iter=None, tiny=None):
+def _edge(fun: BandFunction, name: str, lo, hi, fixed_iter, tiny: bool, no_closed):
+    """One edge before saturation: closed form where there is one (and log p is not below
+    LP_CLOSED), Newton elsewhere."""
+    xp = fun.xp
+    newton = None
+    if name not in fun.closed or tiny:
+        guess = _initial_guess(fun, fun.div.curvature, name)
+        newton = newton_edge(fun, name, guess, lo, hi, fixed_iter=fixed_iter)
+    if name not in fun.closed:
+        return newton
+    s, close = _closed_edge(fun, name)
+    s = xp.where(close, polish(fun, s, lo, hi), s)
+    return s if newton is None else xp.where(no_closed, newton, s)
+
+
+def solve(div: Divergence, xp, inputs: Inputs, *, fixed_iter=None, tiny=None, at_one=None,
+          closed_forms: bool = True, kernels=None):
     """Log-edges ``(log lower, log upper)`` for broadcast inputs (see :class:`Inputs`).
 
     ``tiny``: whether some ``log p`` lies below ``LP_CLOSED`` (closed forms then lose their
     coefficients to underflow and Newton takes over) or ``LP_TINY`` (the tails of f take
     over).  None looks at the data, which costs a host synchronisation on a device.
+    ``at_one``: whether some ``p == 1`` (their lower edge is solved from the limit equation);
+    None looks at the data.  ``closed_forms=False`` runs the root finder everywhere (to check
+    the closed forms).  ``kernels`` are ``div.kernels(xp)`` when the caller has them at hand
+    already (a traced torch function cannot call into sympy or look them up by identity).
     """
     x = inputs
-    fun = BandFunction(div, xp, x)
+    fun = BandFunction(div, xp, x, kernels)
+    if not closed_forms:
+        fun.closed = {}
     zero_s = 0.0 * x.lp
     no_closed = x.lp < LP_CLOSED
     if tiny is None:
         tiny = bool(no_closed.any())
 
-    def edge(name, lo, hi):
-        newton = None
-        if name not in fun.closed or tiny:
-            guess = _initial_guess(fun, div.curvature, name)
-            newton = newton_edge(fun, name, guess, lo, hi, fixed_iter=fixed_iter)
-        if name not in fun.closed:
-            return newton
-        s, close = _closed_edge(fun, name)
-        s = xp.where(close, polish(fun, s, lo, hi), s)
-        return s if newton is None else xp.where(no_closed, newton, s)
-
     top = -x.lp
-    s_hi = edge("upper", zero_s, top)
+    s_hi = _edge(fun, "upper", zero_s, top, fixed_iter, tiny, no_closed)
     s_hi = xp.where(fun.at_top() <= x.delta, top, xp.minimum(xp.maximum(s_hi, zero_s), top))
-    s_lo = edge("lower", zero_s - math.inf, zero_s)
+    s_lo = _edge(fun, "lower", zero_s - math.inf, zero_s, fixed_iter, tiny, no_closed)
     s_lo = xp.where(fun.at_zero() <= x.delta, -math.inf, xp.minimum(s_lo, zero_s))
     if tiny:
-        t_lo, t_hi = _solve_tiny(div, xp, x, fixed_iter)
+        t_lo, t_hi = _solve_tiny(div, xp, x, fixed_iter, kernels)
         small = x.lp < LP_TINY
         s_lo, s_hi = xp.where(small, t_lo, s_lo), xp.where(small, t_hi, s_hi)
+    one = x.lp == 0
+    if at_one is None:
+        at_one = bool(one.any())
+    if at_one:
+        s_lo = xp.where(one, _solve_at_one(div, xp, x, fixed_iter, kernels), s_lo)
+        s_hi = xp.where(one, zero_s, s_hi)
     return s_lo, s_hi

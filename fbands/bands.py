@@ -77,8 +77,8 @@ def log_bounds(
     --------
     >>> import numpy as np, fbands
     >>> lo, hi = fbands.log_bounds(np.array([-1e4, -50.0]), 0.05, "kl", logp=True)
-    >>> hi.round(6).tolist()   # close to -log p: almost all mass may move to the token
-    [9997.0, 47.0]
+    >>> (hi + [-1e4, -50.0]).round(6).tolist()   # log(p r): v = p r = 1 - exp(-delta)
+    [-3.020628, -3.020628]
     """
     if invalid not in _INVALID:
         raise BandError(f"invalid must be one of {_INVALID}, got {invalid!r}")
@@ -152,7 +152,7 @@ def bounds(
     (0.9, 1.1)
     >>> lo, hi = fbands.bounds(0.01, 0.05, div="kl")    # a rare token may grow a lot more
     >>> round(lo, 4), round(hi, 4)
-    (0.0453, 4.1166)
+    (0.0025, 7.8098)
     """
     if invalid not in _INVALID:
         raise BandError(f"invalid must be one of {_INVALID}, got {invalid!r}")
@@ -169,6 +169,7 @@ class NumpyInputs:
 
     def __init__(self, p: Any, delta: Any, *, logp: bool, invalid: str, check: bool):
         self.scalar = isinstance(p, (int, float)) and not isinstance(p, bool)
+        self.logp = logp
         if isinstance(p, bool) or (isinstance(p, np.ndarray) and p.dtype == bool):
             raise BandError("p must be a float or an array of floats, not bool")
         arr = np.asarray(p)

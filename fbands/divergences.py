@@ -5,9 +5,9 @@ with a name.  Everything the band solvers use is derived from ``f`` on first use
 (:func:`fbands.symbolic.derive`) and cached, so adding a divergence is one line::
 
     >>> import fbands
-    >>> d = fbands.register("squared_log", "log(u)**2 / 2", overwrite=True)
-    >>> d.name, d.f0
-    ('squared_log', inf)
+    >>> d = fbands.register("triangular", "(u - 1)**2 / (u + 1)", overwrite=True)
+    >>> d.name, d.f0, d.fprime_inf
+    ('triangular', 1.0, 1.0)
 
 The built-in generators follow THEORY's conventions (no hidden factors of 1/2):
 
@@ -25,13 +25,11 @@ alpha         ``(u**a - 1 - a (u - 1)) / (a (a - 1))``: Amari's alpha family, pa
 
 from __future__ import annotations
 
-import math
 import re
 import threading
 from functools import cached_property
 from typing import Any
 
-import numpy as np
 import sympy as sp
 
 from fbands import symbolic
@@ -108,23 +106,14 @@ class Divergence:
         """
         if not delta > 0:
             raise DivergenceError(f"delta must be > 0, got {delta!r}")
-        if math.isinf(self.fprime_inf):
-            return 1.0
-        from scipy.optimize import brentq
+        from fbands.bands import bounds
 
-        F = self.kernels(np)[0]
+        return bounds(1.0, float(delta), self, backend="numpy")[0]
 
-        def h(r):
-            return float(F(np.log(r))) + (1 - r) * self.fprime_inf - delta
-
-        if self.f0 + self.fprime_inf <= delta:
-            return 0.0
-        lo = 1.0
-        while h(lo) < 0 and lo > 1e-300:
-            lo *= 1e-3
-        if h(lo) < 0:
-            return 0.0
-        return brentq(h, lo, 1.0, xtol=1e-300, rtol=4e-16, maxiter=500)
+    @cached_property
+    def mpmath_f(self):
+        """``f`` as an mpmath function (for extended-precision refinement)."""
+        return sp.lambdify(symbolic.U, self.f, "mpmath")
 
     # -- code for the backends -------------------------------------------------------------
 
@@ -341,7 +330,9 @@ def _family_member(name: str, values: dict[str, Any]) -> Divergence:
     for k in params:
         v = values[k]
         try:
-            v = sp.nsimplify(v, rational=True) if isinstance(v, float) else sp.sympify(v)
+            v = sp.sympify(v)
+            if isinstance(v, sp.Float):  # 0.5 -> 1/2: exact arithmetic, one name per member
+                v = sp.nsimplify(v, rational=True)
         except (sp.SympifyError, TypeError) as err:
             raise DivergenceError(f"{name}: bad value {k}={values[k]!r}") from err
         if not (v.is_real and v.is_finite):
@@ -355,7 +346,7 @@ def _family_member(name: str, values: dict[str, Any]) -> Divergence:
             f = sp.limit(f, sym, v)
     label = ", ".join(f"{k}={subs[sp.Symbol(k, real=True)]}" for k in params)
     full = f"{name}({label})"
-    if full not in _REGISTRY:
+    if full not in _REGISTRY_MEMBERS:
         _check_generator(full, f)
         _REGISTRY_MEMBERS[full] = Divergence(full, f, description)
     return _REGISTRY_MEMBERS[full]

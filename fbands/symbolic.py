@@ -76,8 +76,8 @@ class Derivation:
     fpp1: float  # f''(1)
     upper: ClosedForm | None
     lower: ClosedForm | None
-    tail0: tuple[float, float, int] | None = None  # f ~ A u**k (log u)**m as u -> 0
-    tail_inf: tuple[float, float, int] | None = None  # ... as u -> inf
+    tail0: tuple[float, float, int, float] | None = None  # f ~ u**k (A (log u)**m + B), u -> 0
+    tail_inf: tuple[float, float, int, float] | None = None  # ... as u -> inf
 
 
 # ----------------------------------------------------------------------------- derivation
@@ -109,6 +109,8 @@ def _near_form(F: sp.Expr) -> sp.Expr:
     the result is expanded so that the terms of order 0 and 1 in ``t`` cancel exactly, in
     algebra rather than in floating point.  Returns ``F`` unchanged when that is not possible.
     """
+    if F.has(sp.sinh, sp.cosh, sp.tanh):
+        F = F.rewrite(sp.exp)
     atoms = _exp_atoms(F)
     if not atoms:
         return F
@@ -131,7 +133,9 @@ def _near_form(F: sp.Expr) -> sp.Expr:
         return sp.log(arg)
 
     G = G.replace(lambda e: isinstance(e, sp.log), lambda e: as_log1p(e.args[0]))
-    G = sp.expand(G)
+    # Over a common denominator, so that negative powers of 1 + t cancel too.
+    num, den = sp.fraction(sp.together(sp.expand(G)))
+    G = sp.expand(num) / sp.factor(den)
     return G.subs(T, expm1(k_sym * S))
 
 
@@ -205,11 +209,12 @@ def _curvature_at_one(f: sp.Expr) -> float:
     return math.inf if jump.is_positive else float("nan")
 
 
-def _tail(f: sp.Expr, point) -> tuple[float, float, int] | None:
-    """``(A, k, m)`` with ``f(u) ~ A u**k (log u)**m`` as ``u -> point`` (m in {0, 1}).
+def _tail(f: sp.Expr, point) -> tuple[float, float, int, float] | None:
+    """``(A, k, m, B)`` with ``f(u) = u**k (A (log u)**m + B) + o(u**k)`` as ``u -> point``.
 
-    Used only where ``p`` is so small (``log p < -600``) that the band follows from the
-    leading behaviour of ``f`` alone.  None when sympy cannot find such a form.
+    ``m`` is 0 or 1 (``B = 0`` when ``m = 0``).  Used only where ``p`` is so small
+    (``log p < LP_TINY``) that the band follows from this behaviour of ``f`` alone.  None when
+    sympy cannot find such a form.
     """
     direction = "+" if point == 0 else "-"
     try:
@@ -219,7 +224,10 @@ def _tail(f: sp.Expr, point) -> tuple[float, float, int] | None:
         for m in (0, 1):
             A = sp.limit(f / (U**k * sp.log(U) ** m), U, point, direction)
             if A.is_real and A.is_finite and A != 0:
-                return float(A), float(k), m
+                B = sp.limit(f / U**k - A * sp.log(U), U, point, direction) if m else 0
+                if not (B.is_real and B.is_finite) if m else False:
+                    return None
+                return float(A), float(k), m, float(B)
     except Exception:  # noqa: BLE001 - sympy's limit raises assorted errors
         return None
     return None

@@ -73,3 +73,46 @@ def edges(f, p, delta, iterations=400):
                     break
             lower = mp.exp((lo + hi) / 2)
         return lower, upper
+
+
+#: Divergences the tests run over: every built-in, members of the alpha family on both sides
+#: of its special values, and one user-registered generator.
+USER_F = "(u - 1)**2 / (u + 1)"
+TABLE = {
+    **GENERATORS,
+    "alpha(a=0.5)": alpha(0.5),
+    "alpha(a=3)": alpha(3),
+    "alpha(a=-1)": alpha(-1),
+    "alpha(a=3/2)": alpha(1.5),
+    "triangular": lambda u: (u - 1) ** 2 / (u + 1),
+}
+
+
+def fprime_inf(name):
+    """lim f(u)/u, from the generator typed above (mpmath's limit at 60 digits)."""
+    f = TABLE[name]
+    with mp.workdps(DPS):
+        big, bigger = mp.mpf(10) ** 40, mp.mpf(10) ** 80
+        v1, v2 = f(big) / big, f(bigger) / bigger
+        return mp.inf if v2 > 1.5 * v1 + 1 else v2
+
+
+def lower_at_one(name, delta):
+    """r* = root of f(r) + (1 - r) f'(inf) = delta in [0, 1] (0 if none; 1 if f'(inf) = inf)."""
+    f = TABLE[name]
+    slope = fprime_inf(name)
+    if slope == mp.inf:
+        return mp.mpf(1)
+    with mp.workdps(DPS):
+        delta = mp.mpf(delta)
+
+        def h(r):
+            return (f(r) if r > 0 else _at_zero(f)) + (1 - r) * slope - delta
+
+        if h(mp.mpf(0)) <= 0:
+            return mp.mpf(0)
+        lo, hi = mp.mpf(0), mp.mpf(1)
+        for _ in range(300):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if h(mid) > 0 else (lo, mid)
+        return (lo + hi) / 2

@@ -20,6 +20,7 @@ import math
 from collections.abc import Callable
 
 import numpy as np
+import sympy
 
 from fbands.bands import NumpyInputs
 from fbands.divergences import Divergence, get
@@ -67,7 +68,7 @@ def expression(div: Divergence) -> Callable:
     if div.name in _EXPRESSIONS:
         return _EXPRESSIONS[div.name]
     if div.name.startswith("alpha("):
-        a = float(div.name[len("alpha(a=") : -1]) if "=" in div.name else math.nan
+        a = float(sympy.sympify(div.name[len("alpha(a=") : -1]))
         if a in (0.0, 1.0):
             return _EXPRESSIONS["kl" if a == 0.0 else "reverse_kl"]
         if math.isfinite(a):
@@ -126,7 +127,7 @@ def reference_band(
         problem.solve(solver=solver)
         if problem.status not in ("optimal", "optimal_inaccurate"):
             raise RuntimeError(f"cvxpy could not solve the band problem: {problem.status}")
-        out.append(max(float(problem.value), 0.0) / old[index])
+        out.append(max(float(problem.value), 0.0) / float(old[index]))
     return out[0], out[1]
 
 

@@ -1,0 +1,373 @@
+"""TRL plug-in: GRPO training with band policy losses.
+
+:class:`BandGRPOConfig` is TRL's :class:`~trl.GRPOConfig` with the band's options, and
+:class:`BandGRPOTrainer` is TRL's :class:`~trl.GRPOTrainer` whose per-token policy loss
+comes from :mod:`fbands.losses`. Everything around the per-token loss is TRL's:
+
+- the normalisation chosen by ``loss_type`` (``"dapo"`` by default, also ``"grpo"``,
+  ``"bnpo"`` and ``"dr_grpo"``) and the gradient-accumulation scaling;
+- vLLM's importance-sampling correction (``vllm_importance_sampling_correction``), the
+  off-policy sequence mask, the top-entropy token mask, the KL penalty (``beta``), a
+  constant entropy bonus and the MoE auxiliary loss;
+- the logged metrics ``entropy``, ``kl`` and ``clip_ratio/*`` (now measured against
+  the band), plus the band's own metrics under ``band/<name>``.
+
+The band depends only on the old log-probabilities, so it is computed once per
+generation batch and reused by all ``num_iterations`` passes over it.
+
+A band only acts on ratios that differ from 1, that is when the batch is reused by
+more than one optimizer step: with ``num_iterations=1`` and
+``steps_per_generation == gradient_accumulation_steps`` (TRL's default) every ratio is
+exactly 1 and the trainer warns with :class:`BandInactiveWarning`.
+
+Example
+-------
+A complete script (a small model from the Hugging Face hub)::
+
+    from datasets import Dataset
+    from fbands.integrations.trl import BandGRPOConfig, BandGRPOTrainer
+
+    def reward_len(completions, **kwargs):
+        return [-abs(20 - len(c)) / 20 for c in completions]
+
+    args = BandGRPOConfig(
+        output_dir="band-grpo", num_iterations=2, num_generations=8,
+        band_div="kl", band_delta=0.05,
+    )
+    trainer = BandGRPOTrainer(
+        model="Qwen/Qwen2.5-0.5B-Instruct", reward_funcs=reward_len, args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["Write a haiku."] * 64}),
+    )
+    trainer.train()
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import nanmax, nanmin
+
+import fbands
+from fbands import losses as fl
+
+__all__ = [
+    "SUPPORTED_LOSS_TYPES",
+    "BandGRPOConfig",
+    "BandGRPOTrainer",
+    "BandInactiveWarning",
+    "TRLBandError",
+]
+
+#: TRL loss types whose normalisation the band trainer keeps.
+SUPPORTED_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")
+
+# Keys of the generation batch that hold the precomputed band.
+_LOWER, _UPPER = "fbands_log_lower", "fbands_log_upper"
+
+# Multimodal inputs that TRL forwards to the model when present.
+_FORWARD_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
+
+
+class TRLBandError(ValueError):
+    """A TRL configuration the band trainer cannot honour."""
+
+
+class BandInactiveWarning(UserWarning):
+    """The configuration makes every probability ratio 1, so the band never acts."""
+
+
+@dataclass
+class BandGRPOConfig(GRPOConfig):
+    """TRL's GRPOConfig with the options of a band loss.
+
+    TRL's ``epsilon`` / ``epsilon_high`` are the fixed-clip widths used by the
+    clip-style baselines and by ``band_relax``. Every other TRL option keeps its
+    meaning, except those that replace the policy loss, which are rejected.
+
+    Parameters
+    ----------
+    band_method : str
+        Any entry of :data:`fbands.losses.METHODS`; ``"band_clip"`` is BandPO.
+    band_div : str
+        Divergence of the trust region (``fbands.available()``).
+    band_delta : float
+        Radius of the trust region.
+    band_relax : bool
+        Widen the band to at least ``[1 - epsilon, 1 + epsilon_high]``.
+    band_upper_bound_max : float or None
+        Cap on the upper ratio edge.
+    band_dual_clip_c : float or None
+        Dual clip for negative advantages (e.g. 3.0).
+    band_truncation : float
+        Cap on the stop-gradient ratio of ``band_mask``.
+
+    Raises
+    ------
+    TRLBandError
+        For options whose loss a band cannot replace: a ``loss_type`` outside
+        :data:`SUPPORTED_LOSS_TYPES`, sequence-level importance sampling, TRL's
+        two-sided ``delta`` (use ``band_dual_clip_c``) and the adaptive entropy bonus.
+    fbands.DivergenceError, fbands.losses.LossError
+        For an unknown divergence or an invalid band option (both are ValueErrors).
+
+    Examples
+    --------
+    >>> from fbands.integrations.trl import BandGRPOConfig
+    >>> args = BandGRPOConfig(output_dir="/tmp/out", band_div="tv", band_delta=0.1,
+    ...                       report_to="none", use_cpu=True)
+    >>> cfg = args.band_loss_config()
+    >>> cfg.method, cfg.div, cfg.delta
+    ('band_clip', 'tv', 0.1)
+    """
+
+    band_method: str = field(
+        default="band_clip",
+        metadata={"help": "fbands loss method, one of fbands.losses.METHODS."},
+    )
+    band_div: str = field(default="kl", metadata={"help": "Divergence of the band."})
+    band_delta: float = field(default=0.05, metadata={"help": "Radius of the trust region."})
+    band_relax: bool = field(
+        default=False, metadata={"help": "Band at least as wide as the fixed clip."}
+    )
+    band_upper_bound_max: float | None = field(
+        default=None, metadata={"help": "Cap on the upper ratio edge."}
+    )
+    band_dual_clip_c: float | None = field(
+        default=None, metadata={"help": "Dual-clip constant for negative advantages."}
+    )
+    band_truncation: float = field(
+        default=10.0, metadata={"help": "Truncation cap C of the band mask."}
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.loss_type not in SUPPORTED_LOSS_TYPES:
+            raise TRLBandError(
+                f"loss_type={self.loss_type!r} has its own policy loss; a band keeps the "
+                f"normalisation of {SUPPORTED_LOSS_TYPES} (choose the loss with band_method)"
+            )
+        if self.importance_sampling_level != "token":
+            raise TRLBandError(
+                f"importance_sampling_level={self.importance_sampling_level!r}: the band is a "
+                "per-token trust region, use 'token'"
+            )
+        if self.delta is not None:
+            raise TRLBandError(
+                f"delta={self.delta!r} is TRL's two-sided clip; with a band use band_dual_clip_c"
+            )
+        if self.use_adaptive_entropy:
+            raise TRLBandError("use_adaptive_entropy=True is not supported with a band loss")
+        fbands.get(self.band_div)  # an unknown divergence fails here, not at step 1
+        self.band_loss_config()  # so do a bad delta or method
+
+    def band_loss_config(self) -> fl.LossConfig:
+        """The :class:`fbands.losses.LossConfig` these options describe.
+
+        Returns
+        -------
+        fbands.losses.LossConfig
+            With ``agg="token-sum"``: the trainer folds TRL's normalisation into
+            per-token weights.
+        """
+        eps_high = self.epsilon_high if self.epsilon_high is not None else self.epsilon
+        return fl.LossConfig(
+            method=self.band_method,
+            div=self.band_div,
+            delta=float(self.band_delta),
+            eps_low=float(self.epsilon),
+            eps_high=float(eps_high),
+            dual_clip_c=self.band_dual_clip_c,
+            relax=self.band_relax,
+            upper_bound_max=self.band_upper_bound_max,
+            truncation=float(self.band_truncation),
+            agg="token-sum",
+        )
+
+
+class BandGRPOTrainer(GRPOTrainer):
+    """TRL's GRPOTrainer with a band policy loss from :mod:`fbands.losses`.
+
+    Takes the same arguments as :class:`trl.GRPOTrainer`; ``args`` must be a
+    :class:`BandGRPOConfig`.
+
+    Raises
+    ------
+    TRLBandError
+        If ``args`` is not a :class:`BandGRPOConfig`.
+
+    Warns
+    -----
+    BandInactiveWarning
+        When every probability ratio is 1 (no reuse of a generation batch).
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        a = self.args
+        if not isinstance(a, BandGRPOConfig):
+            raise TRLBandError(
+                f"BandGRPOTrainer needs args=BandGRPOConfig(...), got {type(a).__name__}"
+            )
+        self.band_config = a.band_loss_config()
+        generate_every = a.steps_per_generation * a.num_iterations
+        if a.gradient_accumulation_steps % generate_every == 0:
+            warnings.warn(
+                f"num_iterations={a.num_iterations}, steps_per_generation="
+                f"{a.steps_per_generation}, gradient_accumulation_steps="
+                f"{a.gradient_accumulation_steps}: every generation batch is used by one "
+                "optimizer step only, so every probability ratio is 1 and the band never "
+                "clips. Set num_iterations > 1 (or steps_per_generation > "
+                "gradient_accumulation_steps) for the band to act.",
+                BandInactiveWarning,
+                stacklevel=2,
+            )
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        old = output.get("old_per_token_logps")
+        if old is not None:
+            # Once per generation batch; the slices travel with the batch through
+            # TRL's shuffling and splitting and serve every num_iterations pass.
+            band = fl.precompute_band(old, self.band_config, mask=output["completion_mask"])
+            output[_LOWER], output[_UPPER] = band.log_lower, band.log_upper
+        return output
+
+    def _compute_loss(self, model, inputs):
+        mode = "train" if self.model.training else "eval"
+        prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
+        completion_mask = inputs["completion_mask"]
+        mask = completion_mask
+        if "tool_mask" in inputs:  # tool outputs inside a completion are not trained on
+            mask = completion_mask * inputs["tool_mask"]
+        logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model,
+            torch.cat([prompt_ids, completion_ids], dim=1),
+            torch.cat([inputs["prompt_mask"], completion_mask], dim=1),
+            completion_ids.size(1),
+            compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
+            **{k: inputs.get(k) for k in _FORWARD_KEYS},
+        )  # (B, T) each
+        mask = mask.to(logps.dtype)  # (B, T)
+        advantages = inputs["advantages"]
+        if advantages.dim() == 1:
+            advantages = advantages.unsqueeze(1)  # (B, 1)
+        old = inputs.get("old_per_token_logps")
+        old = logps.detach() if old is None else old  # aligned steps: every ratio is 1
+        if _LOWER in inputs:
+            band = fl.Band(inputs[_LOWER], inputs[_UPPER])
+        else:
+            band = fl.precompute_band(old, self.band_config, mask=mask)
+
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        norm = self._normalisation_weights(mask, inputs, mode, accumulation)  # (B, T)
+        # Per-token factors TRL applies to the policy term, in TRL's order.
+        weights = norm
+        if self.off_policy_mask_threshold is not None:
+            weights = weights * self.get_off_policy_mask(
+                advantages=advantages,
+                per_token_logps=logps,
+                sampling_per_token_logps=inputs.get("sampling_per_token_logps", old),
+                mask=mask,
+                off_policy_threshold=self.off_policy_mask_threshold,
+            )
+        entropy_mask = None
+        if self.top_entropy_quantile < 1.0:
+            entropy_mask = self.get_high_entropy_mask(
+                entropies, mask, 1 - self.top_entropy_quantile
+            )
+            weights = weights * entropy_mask
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            weights = weights * inputs["importance_sampling_ratio"]
+        # token-sum with weights = TRL's normalisation of the weighted per-token loss.
+        loss, band_metrics = fl.policy_loss(
+            old, logps, advantages, weights, self.band_config, band=band
+        )
+        if self.beta != 0.0:
+            log_ref_ratio = inputs["ref_per_token_logps"] - logps
+            per_token_kl = torch.expm1(log_ref_ratio) - log_ref_ratio  # k3 estimator
+            if self.args.use_bias_correction_kl:
+                per_token_kl = per_token_kl * torch.exp(logps - old)
+            loss = loss + self.beta * (per_token_kl * norm).sum()
+
+        if self._entropy_bonus_enabled:
+            policy_loss = loss.detach() * (1.0 if self.loss_type == "dapo" else accumulation)
+            effective = mask if entropy_mask is None else mask * entropy_mask
+            mean_entropy = (entropies * effective).sum() / effective.sum().clamp(min=1.0)
+            loss = loss - self.entropy_coef * mean_entropy / accumulation
+            self._metrics[mode]["policy_loss"].append(
+                self.accelerator.gather(policy_loss).nanmean().item()
+            )
+        if self.aux_loss_enabled:
+            loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
+            self._metrics[mode]["aux_loss"].append(
+                self.accelerator.gather_for_metrics(aux_loss).mean().item()
+            )
+
+        self._log_band_metrics(mode, logps - old, advantages, mask, band, entropies, band_metrics)
+        if self.beta != 0.0:
+            self._metrics[mode]["kl"].append(self._global_masked_mean(per_token_kl, mask))
+        return loss
+
+    def _normalisation_weights(self, mask, inputs, mode, accumulation):
+        r"""Per-token weights :math:`W` of TRL's normalisation for ``loss_type``.
+
+        TRL's loss is :math:`\sum_t W_t \ell_t` with, for ``B`` sequences of
+        :math:`n_b` tokens, ``G`` accumulation steps and ``L = max_completion_length``:
+        ``grpo`` :math:`1 / (n_b B G)`, ``bnpo`` :math:`1 / (G \sum_b n_b)`,
+        ``dr_grpo`` :math:`1 / (B L G)` and ``dapo`` one over the active tokens of the
+        accumulation window (from TRL's ``num_items_in_batch``).
+        """
+        batch = mask.size(0)
+        if self.loss_type == "grpo":
+            return mask / mask.sum(-1, keepdim=True).clamp(min=1.0) / (batch * accumulation)
+        if self.loss_type == "bnpo":
+            return mask / (mask.sum().clamp(min=1.0) * accumulation)
+        if self.loss_type == "dr_grpo":
+            return mask / (batch * self.max_completion_length * accumulation)
+        # dapo: num_items_in_batch counts the whole generation batch of every process.
+        normaliser = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+        if mode == "train":
+            normaliser = normaliser * accumulation / self.args.steps_per_generation
+        return mask / normaliser
+
+    def _global_masked_mean(self, x, mask) -> float:
+        totals = torch.stack([(x * mask).sum(), mask.sum().to(x.dtype)])
+        totals = self.accelerator.reduce(totals, reduction="sum")
+        return (totals[0] / totals[1].clamp(min=1.0)).item()
+
+    def _log_band_metrics(self, mode, logratio, advantages, mask, band, entropies, band_metrics):
+        m = self._metrics[mode]
+        m["entropy"].append(self._global_masked_mean(entropies, mask))
+        # TRL's clip_ratio/* keys, measured against the band instead of 1 -+ epsilon.
+        low = ((logratio < band.log_lower) & (advantages < 0)).float()
+        high = ((logratio > band.log_upper) & (advantages > 0)).float()
+        m["clip_ratio/low_mean"].append(self._global_masked_mean(low, mask))
+        m["clip_ratio/high_mean"].append(self._global_masked_mean(high, mask))
+        m["clip_ratio/region_mean"].append(self._global_masked_mean(torch.maximum(low, high), mask))
+        tokens = mask.sum(-1)  # a sequence without tokens gives NaN and is skipped
+        m["clip_ratio/low_min"].append(
+            nanmin(self.accelerator.gather((low * mask).sum(-1) / tokens)).item()
+        )
+        m["clip_ratio/high_max"].append(
+            nanmax(self.accelerator.gather((high * mask).sum(-1) / tokens)).item()
+        )
+        names = list(band_metrics)
+        values = torch.stack([band_metrics[k].detach().float().reshape(()) for k in names])
+        values = self.accelerator.gather(values.unsqueeze(0)).mean(0).tolist()
+        for name, value in zip(names, values, strict=True):
+            m[f"band/{name}"].append(value)

@@ -1,0 +1,404 @@
+"""verl plug-in: band policy losses for verl's PPO/GRPO actor.
+
+Importing this module registers four policy losses in verl's registry
+(``verl.trainer.ppo.core_algos.register_policy_loss``):
+
+=============  ====================================================================
+``loss_mode``  what it computes (:mod:`fbands.losses`)
+=============  ====================================================================
+``band``       BandPO's band clip: ``max(-A r, -A clip(r, lower, upper))``
+``band_mask``  the DPPO-style band mask: tokens outside the band lose their gradient
+``band_gppo``  band clip whose clipped tokens keep a scaled gradient
+``fbands``     any method of :data:`fbands.losses.METHODS`, chosen by
+               ``policy_loss.method`` (baselines such as ``dcpo`` included)
+=============  ====================================================================
+
+The band's parameters travel through verl's own configuration: point
+``actor_rollout_ref.actor.policy_loss._target_`` at :class:`BandPolicyLossConfig`
+and add its fields with Hydra's ``+`` prefix::
+
+    actor_rollout_ref.actor.policy_loss._target_=fbands.integrations.verl.BandPolicyLossConfig
+    actor_rollout_ref.actor.policy_loss.loss_mode=band
+    +actor_rollout_ref.actor.policy_loss.div=kl
+    +actor_rollout_ref.actor.policy_loss.delta=0.05
+
+verl's Ray workers build the actor configuration with ``hydra.utils.instantiate``,
+which imports this module to find :class:`BandPolicyLossConfig`; that import is what
+registers the losses, so the overrides above are enough inside every worker. Two more
+ways to load the plug-in exist: the ``verl.plugins`` entry point that the fbands
+distribution declares (verl loads every such entry point on ``import verl``), and
+verl's environment variable ``VERL_USE_EXTERNAL_MODULES=fbands.integrations.verl``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, agg_loss, register_policy_loss
+from verl.workers.config import PolicyLossConfig
+
+import fbands
+from fbands import losses as fl
+
+__all__ = [
+    "ENTRY_POINT",
+    "LOSS_MODES",
+    "BandPolicyLossConfig",
+    "VerlBandError",
+    "loss_config",
+    "aggregation_weights",
+    "compute_policy_loss",
+    "register",
+]
+
+#: verl ``loss_mode`` name -> :data:`fbands.losses.METHODS` entry (``None``: read
+#: ``policy_loss.method``).
+LOSS_MODES: dict[str, str | None] = {
+    "band": "band_clip",
+    "band_mask": "band_mask",
+    "band_gppo": "band_gppo",
+    "fbands": None,
+}
+
+
+#: The entry point (group, name, value) under which verl discovers this plug-in; the
+#: fbands distribution declares it in pyproject.toml.
+ENTRY_POINT = ("verl.plugins", "fbands", "fbands.integrations.verl")
+
+
+class VerlBandError(ValueError):
+    """A verl configuration that the band losses cannot use."""
+
+
+@dataclass
+class BandPolicyLossConfig(PolicyLossConfig):
+    """verl's ``policy_loss`` section with the band's parameters.
+
+    It extends :class:`verl.workers.config.PolicyLossConfig`, so verl's own fields
+    (``loss_mode``, ``rollout_correction``, ...) keep their meaning. The clip ratios
+    ``clip_ratio_low`` / ``clip_ratio_high`` and the dual-clip constant
+    ``clip_ratio_c`` stay where verl keeps them, in the actor section.
+
+    Parameters
+    ----------
+    loss_mode : str
+        The registered loss: ``"band"``, ``"band_mask"``, ``"band_gppo"`` or
+        ``"fbands"`` (see the module docstring).
+    method : str
+        Used by ``loss_mode="fbands"`` only: any entry of :data:`fbands.losses.METHODS`.
+    div : str
+        Divergence of the trust region (``fbands.available()`` lists them).
+    delta : float
+        Radius of the trust region, ``D_f <= delta``.
+    relax : bool
+        Widen the band to at least the fixed clip ``[1 - clip_ratio_low,
+        1 + clip_ratio_high]``.
+    upper_bound_max : float or None
+        Cap on the upper ratio edge (the published BandPO code uses 10 or 100).
+    dual_clip_c : float or None
+        Dual clip for ``A < 0`` (clip-form methods): also bound the loss by ``-c A``.
+        verl's ``vanilla`` loss always does this with ``c = clip_ratio_c`` (3.0); set
+        ``dual_clip_c=${actor_rollout_ref.actor.clip_ratio_c}`` to do the same.
+    truncation : float
+        The cap ``C`` on the stop-gradient ratio of ``band_mask``.
+
+    Raises
+    ------
+    VerlBandError
+        If ``loss_mode`` is not a band loss.
+    fbands.DivergenceError, fbands.losses.LossError
+        For an unknown divergence or an invalid option (both are ValueErrors).
+
+    Examples
+    --------
+    >>> from fbands.integrations.verl import BandPolicyLossConfig, loss_config
+    >>> cfg = BandPolicyLossConfig(loss_mode="band", div="tv", delta=0.1)
+    >>> loss_config(cfg).method, loss_config(cfg).div, loss_config(cfg).delta
+    ('band_clip', 'tv', 0.1)
+    """
+
+    loss_mode: str = "band"
+    method: str = "band_clip"
+    div: str = "kl"
+    delta: float = 0.05
+    relax: bool = False
+    upper_bound_max: float | None = None
+    dual_clip_c: float | None = None
+    truncation: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.loss_mode not in LOSS_MODES:
+            raise VerlBandError(
+                f"policy_loss.loss_mode={self.loss_mode!r} is not a band loss; "
+                f"use one of {sorted(LOSS_MODES)} with BandPolicyLossConfig"
+            )
+        # Checking the divergence and building the LossConfig once here reports a bad
+        # value when the config is built, not inside the first step of every worker.
+        fbands.get(self.div)
+        loss_config(self)
+
+
+def _get(section: Any, key: str, default: Any) -> Any:
+    """Read ``key`` from a dataclass config, a DictConfig or a dict."""
+    if isinstance(section, Mapping) or hasattr(section, "get"):
+        value = section.get(key, default)
+    else:
+        value = getattr(section, key, default)
+    return default if value is None and default is not None else value
+
+
+def loss_config(
+    policy_loss: Any,
+    actor: Any = None,
+    *,
+    loss_mode: str | None = None,
+) -> fl.LossConfig:
+    """Translate verl's configuration into an :class:`fbands.losses.LossConfig`.
+
+    Parameters
+    ----------
+    policy_loss : BandPolicyLossConfig, DictConfig or mapping
+        The ``actor.policy_loss`` section. Band fields it lacks (a plain verl
+        ``PolicyLossConfig``) take the defaults of :class:`BandPolicyLossConfig`.
+    actor : ActorConfig, DictConfig, mapping or None
+        The actor section, for ``clip_ratio``, ``clip_ratio_low`` and
+        ``clip_ratio_high`` (verl's default 0.2 when absent).
+    loss_mode : str or None
+        The registered name; defaults to ``policy_loss.loss_mode``.
+
+    Returns
+    -------
+    fbands.losses.LossConfig
+        Its ``agg`` is ``"token-sum"``: verl's aggregation is applied by
+        :func:`compute_policy_loss` through per-token weights.
+
+    Raises
+    ------
+    VerlBandError
+        If the loss mode is not one of :data:`LOSS_MODES`.
+    fbands.losses.LossError
+        If a band parameter is invalid (an unknown method, ``delta <= 0``, ...).
+
+    Examples
+    --------
+    >>> from fbands.integrations.verl import loss_config
+    >>> cfg = loss_config({"loss_mode": "band_mask", "div": "tv", "delta": 0.2})
+    >>> cfg.method, cfg.div, cfg.delta, cfg.eps_high
+    ('band_mask', 'tv', 0.2, 0.2)
+    """
+    fields = BandPolicyLossConfig.__dataclass_fields__
+    mode = loss_mode if loss_mode is not None else _get(policy_loss, "loss_mode", "band")
+    if mode not in LOSS_MODES:
+        raise VerlBandError(f"loss_mode={mode!r} is not a band loss; known: {sorted(LOSS_MODES)}")
+
+    def band(key: str) -> Any:
+        return _get(policy_loss, key, fields[key].default)
+
+    actor = {} if actor is None else actor
+    clip_ratio = _get(actor, "clip_ratio", 0.2)
+    upper_bound_max, dual_clip_c = band("upper_bound_max"), band("dual_clip_c")
+    return fl.LossConfig(
+        method=LOSS_MODES[mode] or band("method"),
+        div=band("div"),
+        delta=float(band("delta")),
+        eps_low=float(_get(actor, "clip_ratio_low", clip_ratio)),
+        eps_high=float(_get(actor, "clip_ratio_high", clip_ratio)),
+        dual_clip_c=None if dual_clip_c is None else float(dual_clip_c),
+        relax=bool(band("relax")),
+        upper_bound_max=None if upper_bound_max is None else float(upper_bound_max),
+        truncation=float(band("truncation")),
+        agg="token-sum",
+    )
+
+
+def aggregation_weights(
+    response_mask: torch.Tensor, loss_agg_mode: str, dtype: torch.dtype, **batch_info: Any
+) -> torch.Tensor:
+    r"""Per-token weights :math:`W` with ``agg_loss(X) == (W * X).sum()`` for every ``X``.
+
+    verl's ``agg_loss`` is linear in the loss matrix, so its weights are its gradient,
+    read off once with autograd. This keeps verl's exact semantics (global token and
+    sequence counts, ``dp_size`` scaling, fully masked rows) for every mode.
+
+    Parameters
+    ----------
+    response_mask : torch.Tensor
+        ``(batch, response_length)`` mask.
+    loss_agg_mode : str
+        verl's aggregation mode.
+    dtype : torch.dtype
+        Floating dtype of the result.
+    **batch_info
+        verl's ``global_batch_info`` (``dp_size``, ``batch_num_tokens``,
+        ``global_batch_size``, ``loss_scale_factor``).
+
+    Returns
+    -------
+    torch.Tensor
+        ``(batch, response_length)`` weights, zero outside the mask.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fbands.integrations.verl import aggregation_weights
+    >>> mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    >>> aggregation_weights(mask, "seq-mean-token-mean", torch.float64)
+    tensor([[0.2500, 0.2500, 0.0000],
+            [0.5000, 0.0000, 0.0000]], dtype=torch.float64)
+    """
+    with torch.enable_grad():
+        probe = torch.zeros(response_mask.shape, dtype=dtype, device=response_mask.device)
+        probe.requires_grad_(True)
+        total = agg_loss(
+            loss_mat=probe, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **batch_info
+        )
+        (weights,) = torch.autograd.grad(total, probe)
+    return weights
+
+
+def compute_policy_loss(
+    loss_mode: str,
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    r"""A band policy loss with verl's calling convention.
+
+    With :math:`\ell_t` the per-token loss of :func:`fbands.losses.policy_loss`,
+    :math:`w_t` verl's rollout-correction weights and :math:`W_t` the weights of
+    verl's ``agg_loss`` for this mode and ``config.global_batch_info``
+    (:func:`aggregation_weights`), the loss is
+
+    .. math::
+
+        \mathcal{L} = \sum_t W_t\, w_t\, \ell_t
+        = \texttt{agg\_loss}(w \odot \ell,\ \text{mask},\ \text{mode},
+        \ \texttt{**global\_batch\_info}),
+
+    computed by :func:`fbands.losses.policy_loss` in ``token-sum`` mode with the mask
+    :math:`W w`.
+
+    Parameters
+    ----------
+    loss_mode : str
+        One of :data:`LOSS_MODES`.
+    old_log_prob, log_prob, advantages, response_mask : torch.Tensor
+        ``(batch, response_length)`` tensors as verl passes them; ``log_prob``
+        carries the gradient.
+    loss_agg_mode : str
+        verl's aggregation mode.
+    config : ActorConfig or DictConfig
+        The actor configuration (band parameters in ``config.policy_loss``).
+    rollout_is_weights : torch.Tensor or None
+        verl's importance weights between the rollout engine and the actor, one per
+        token (no gradient).
+
+    Returns
+    -------
+    loss : torch.Tensor
+        A 0-dim tensor with gradient.
+    metrics : dict[str, float]
+        ``actor/pg_clipfrac`` (ratio clipped at either edge), ``actor/ppo_kl`` (k1
+        estimate of KL(old || new), verl's definition), ``actor/pg_clipfrac_lower``
+        (clipped at the lower edge) and every fbands metric as ``actor/band/<name>``,
+        over the tokens with a non-zero weight. They reach the host in one transfer.
+
+    Raises
+    ------
+    VerlBandError
+        If ``config`` is None.
+    """
+    if config is None:
+        raise VerlBandError("the band losses need verl's actor config (config=None given)")
+    cfg = loss_config(_get(config, "policy_loss", {}), config, loss_mode=loss_mode)
+    batch_info = dict(_get(config, "global_batch_info", None) or {})
+    dtype = torch.promote_types(log_prob.dtype, torch.float32)
+    weights = aggregation_weights(response_mask, loss_agg_mode, dtype, **batch_info)
+    if rollout_is_weights is not None:
+        weights = weights * rollout_is_weights.detach()
+    band = fl.precompute_band(old_log_prob, cfg, mask=response_mask)
+    loss, raw = fl.policy_loss(old_log_prob, log_prob, advantages, weights, cfg, band=band)
+    return loss, _verl_metrics(raw)
+
+
+def _verl_metrics(raw: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """Name the fbands metrics the way verl's dashboards expect, as Python floats."""
+    names = {
+        "actor/pg_clipfrac": "clipfrac",
+        "actor/ppo_kl": "approx_kl_k1",
+        "actor/pg_clipfrac_lower": "clipfrac_lower",
+    }
+    keys = list(names) + [f"actor/band/{k}" for k in raw]
+    sources = list(names.values()) + list(raw)
+    # One stacked transfer instead of one host sync per metric.
+    values = torch.stack([raw[k].detach().float().reshape(()) for k in sources]).tolist()
+    return dict(zip(keys, values, strict=True))
+
+
+def _make_loss(loss_mode: str):
+    def band_policy_loss(
+        old_log_prob: torch.Tensor,
+        log_prob: torch.Tensor,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+        loss_agg_mode: str = "token-mean",
+        config: Any = None,
+        rollout_is_weights: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        return compute_policy_loss(
+            loss_mode,
+            old_log_prob,
+            log_prob,
+            advantages,
+            response_mask,
+            loss_agg_mode=loss_agg_mode,
+            config=config,
+            rollout_is_weights=rollout_is_weights,
+        )
+
+    band_policy_loss.__name__ = f"fbands_{loss_mode}_policy_loss"
+    band_policy_loss.__qualname__ = band_policy_loss.__name__
+    band_policy_loss.__doc__ = (
+        f"verl policy loss ``{loss_mode}``: :func:`compute_policy_loss` with "
+        f"``loss_mode={loss_mode!r}``."
+    )
+    return band_policy_loss
+
+
+_LOSS_FNS = {mode: _make_loss(mode) for mode in LOSS_MODES}
+
+
+def register() -> list[str]:
+    """Register the band losses with verl (idempotent); return their names.
+
+    This is what importing the module does; the ``verl.plugins`` entry point of the
+    fbands distribution names this module.
+
+    Returns
+    -------
+    list of str
+        The registered ``loss_mode`` names.
+
+    Examples
+    --------
+    >>> from verl.trainer.ppo.core_algos import get_policy_loss_fn
+    >>> from fbands.integrations.verl import register
+    >>> register()
+    ['band', 'band_mask', 'band_gppo', 'fbands']
+    >>> get_policy_loss_fn("band").__name__
+    'fbands_band_policy_loss'
+    """
+    for mode, fn in _LOSS_FNS.items():
+        if POLICY_LOSS_REGISTRY.get(mode) is not fn:
+            register_policy_loss(mode)(fn)
+    return list(_LOSS_FNS)
+
+
+register()

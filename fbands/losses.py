@@ -1,0 +1,859 @@
+r"""Policy losses for PPO/GRPO-style training, with fixed clips and probability-aware bands.
+
+Every loss here takes the same four tensors, in verl's order,
+
+* ``logp_old``: log-probabilities of the sampled tokens under the behaviour policy, ``(B, T)``;
+* ``logp``: the same under the policy being trained (carries the gradient), ``(B, T)``;
+* ``advantages``: ``(B, T)``, or one value per sequence, ``(B,)`` or ``(B, 1)``;
+* ``mask``: the response mask, ``(B, T)``, 1 (or ``True``) on tokens that count,
+
+and a :class:`LossConfig` that names the method and its constants.  It returns a 0-dim loss
+(with gradient) and a dict of 0-dim detached metric tensors (nothing in it syncs with the
+host).
+
+With :math:`\log r = \text{logp} - \text{logp\_old}` and :math:`r = e^{\log r}`, every
+method is a per-token term aggregated over the mask (:func:`agg_loss`):
+
+=============== ===========================================================================
+method          per-token loss
+=============== ===========================================================================
+``clip``        :math:`\max(-A r,\, -A\,\mathrm{clip}(r, 1-\epsilon_l, 1+\epsilon_h))` (PPO)
+``clip_higher`` the same with :math:`\epsilon_h > \epsilon_l` (DAPO's Clip-Higher)
+``dual_clip``   PPO clip, and for :math:`A < 0` also at most :math:`-cA` (:math:`c = 3`)
+``dcpo``        PPO clip with DCPO's bounds :math:`\tfrac12 + \tfrac12\sqrt{1 \mp 4\epsilon/p}`
+``trgppo``      PPO clip with the union of the KL band and :math:`[1-\epsilon_l, 1+\epsilon_h]`
+``cispo``       :math:`-\,\mathrm{sg}(\mathrm{clip}(r, 1-\epsilon_l, 1+\epsilon_h))\, A \log\pi`
+``band_clip``   PPO clip with the band :math:`[r_{lo}(p), r_{hi}(p)]` of an f-divergence
+``band_mask``   :math:`-A\,\mathrm{sg}(\min(r, C)) \log\pi`, zero for tokens past the band
+``band_gppo``   band clip in the forward pass; clipped tokens keep a bounded gradient
+=============== ===========================================================================
+
+(:math:`p = \pi_{old}(a)`, :math:`\mathrm{sg}` is stop-gradient.)  All comparisons are made
+between :math:`\log r` and the log of the band edges, so nothing overflows when
+:math:`p` is tiny and :math:`r_{hi} \approx \delta / p` is huge; the edges are computed once
+per batch by :func:`precompute_band` and reused across PPO epochs.  Inputs in bfloat16 or
+float16 are computed in float32 (float64 stays float64); the gradient returns in the input's
+dtype, so prefer bfloat16 to float16, whose largest value (65504) a tail token's gradient
+:math:`A r` can exceed.
+
+Example
+-------
+>>> import torch
+>>> from fbands.losses import LossConfig, policy_loss
+>>> logp_old = torch.log(torch.tensor([[0.5, 0.1, 0.9]]))
+>>> logp = (logp_old + torch.tensor([[0.5, 0.0, -0.5]])).requires_grad_()
+>>> loss, metrics = policy_loss(logp_old, logp, torch.tensor([1.0]), torch.ones(1, 3),
+...                             LossConfig(method="clip"))
+>>> round(loss.item(), 4), round(metrics["clipfrac"].item(), 4)
+(-0.9355, 0.3333)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "AGG_MODES",
+    "METHODS",
+    "METRIC_KEYS",
+    "Band",
+    "LossConfig",
+    "LossError",
+    "agg_loss",
+    "dcpo_log_bounds",
+    "policy_loss",
+    "precompute_band",
+    "preset",
+]
+
+METHODS = (
+    "clip",
+    "clip_higher",
+    "dual_clip",
+    "dcpo",
+    "trgppo",
+    "cispo",
+    "band_clip",
+    "band_mask",
+    "band_gppo",
+)
+AGG_MODES = (
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+)
+METRIC_KEYS = (
+    "clipfrac",
+    "clipfrac_upper",
+    "clipfrac_lower",
+    "tail_clipfrac_upper",
+    "dual_clipfrac",
+    "truncfrac",
+    "band_width",
+    "approx_kl_k1",
+    "approx_kl_k3",
+    "ratio_mean",
+    "ratio_max",
+    "ratio_min",
+)
+
+# Methods whose per-token term is the PPO form max(-A r, -A clip(r, lower, upper)).
+_CLIP_FORM = ("clip", "clip_higher", "dual_clip", "dcpo", "trgppo", "band_clip", "band_gppo")
+# Methods whose band comes from fbands.log_bounds.
+_DIVERGENCE_BAND = ("trgppo", "band_clip", "band_mask", "band_gppo")
+# Methods whose band is the fixed interval [1 - eps_low, 1 + eps_high].
+_FIXED_BAND = ("clip", "clip_higher", "dual_clip", "cispo")
+
+_DEFAULT_DUAL_CLIP_C = 3.0
+# Old probability below which a token counts as a tail token in "tail_clipfrac_upper".
+TAIL_PROB = 0.1
+# Ratios are exponentiated from log r <= _MAX_LOG_RATIO (r <= 5.5e34), which keeps every
+# product finite in float32.  Only a token whose old probability is below ~1e-35 can reach it.
+_MAX_LOG_RATIO = 80.0
+# Stand-in old log-probability at masked-out positions (padding may hold -inf or garbage).
+_PAD_LOGP = math.log(0.5)
+
+
+class LossError(ValueError):
+    """Bad loss configuration or bad input to a loss (a :class:`ValueError`)."""
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    r"""Which policy loss to compute, and its constants.
+
+    Parameters
+    ----------
+    method : str
+        One of :data:`METHODS`.
+    div : str
+        Divergence of the band (``band_*`` methods and ``trgppo``), any name that
+        :func:`fbands.log_bounds` accepts: ``"kl"``, ``"tv"``, ``"chi2"``, ...
+    delta : float
+        Trust-region radius :math:`\delta > 0` of the band.
+    eps_low, eps_high : float
+        Fixed clip :math:`[1 - \epsilon_l, 1 + \epsilon_h]` of ``clip``, ``clip_higher``,
+        ``dual_clip``, ``trgppo``, ``cispo`` and of ``relax``; DCPO's :math:`\epsilon`.
+        ``eps_low`` lies in [0, 1]; ``eps_low = 1`` means no lower clip.
+    dual_clip_c : float or None
+        Dual clip: for :math:`A < 0` the ratio is also capped at :math:`c > 1`.  Applies to
+        every clip-form method; ``dual_clip`` uses 3 when it is None.
+    relax : bool
+        Widen the band to contain the fixed clip: lower :math:`\le 1 - \epsilon_l`, upper
+        :math:`\ge 1 + \epsilon_h` (the "relax" option of the BandPO code).
+    upper_bound_max : float or None
+        Cap (:math:`\ge 1`) on the upper edge, applied last.
+    truncation : float
+        :math:`C` of ``band_mask``: the stop-gradient importance weight is
+        :math:`\min(r, C)`.
+    gppo_beta : float
+        ``band_gppo``: scale of the gradient a token clipped at the upper edge keeps.
+    gppo_beta_low : float or None
+        ``band_gppo``: the same at the lower edge; None means ``gppo_beta``.
+    agg : str
+        Aggregation over tokens, one of :data:`AGG_MODES` (see :func:`agg_loss`).
+
+    Examples
+    --------
+    >>> LossConfig(method="clip_higher", eps_high=0.28).eps_high
+    0.28
+    >>> LossConfig(method="ppo")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    fbands.losses.LossError: unknown method 'ppo'; expected one of clip, clip_higher, ...
+    """
+
+    method: str = "band_clip"
+    div: str = "kl"
+    delta: float = 0.05
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    dual_clip_c: float | None = None
+    relax: bool = False
+    upper_bound_max: float | None = None
+    truncation: float = 10.0
+    gppo_beta: float = 1.0
+    gppo_beta_low: float | None = None
+    agg: str = "token-mean"
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise LossError(f"unknown method {self.method!r}; expected one of {', '.join(METHODS)}")
+        if self.agg not in AGG_MODES:
+            raise LossError(f"unknown agg {self.agg!r}; expected one of {', '.join(AGG_MODES)}")
+        if not isinstance(self.relax, bool):
+            raise LossError(f"relax must be True or False, got {self.relax!r}")
+        if not isinstance(self.div, str) or not self.div:
+            raise LossError(f"div must be a divergence name, got {self.div!r}")
+        _check_number("delta", self.delta, low=0.0, low_open=True)
+        _check_number("eps_low", self.eps_low, low=0.0, high=1.0)
+        _check_number("eps_high", self.eps_high, low=0.0)
+        _check_number("truncation", self.truncation, low=0.0, low_open=True)
+        _check_number("gppo_beta", self.gppo_beta, low=0.0)
+        if self.gppo_beta_low is not None:
+            _check_number("gppo_beta_low", self.gppo_beta_low, low=0.0)
+        if self.upper_bound_max is not None:
+            _check_number("upper_bound_max", self.upper_bound_max, low=1.0)
+        if self.dual_clip_c is not None:
+            _check_number("dual_clip_c", self.dual_clip_c, low=1.0, low_open=True)
+            if self.method not in _CLIP_FORM:
+                raise LossError(
+                    f"dual_clip_c={self.dual_clip_c!r} has no meaning for method "
+                    f"{self.method!r}; it applies to {', '.join(_CLIP_FORM)}"
+                )
+
+
+def _check_number(name, value, *, low=None, high=None, low_open=False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value <= high
+    if not ok:
+        lo = "-inf" if low is None else f"{low:g}"
+        left = "(" if low_open or low is None else "["
+        right = ")" if high is None else "]"
+        hi = "inf" if high is None else f"{high:g}"
+        raise LossError(f"{name} must be a finite number in {left}{lo}, {hi}{right}, got {value!r}")
+
+
+class Band(NamedTuple):
+    """Log-edges of the allowed ratio interval of each token, shaped like ``logp_old``.
+
+    ``log_lower`` may be ``-inf`` (the lower edge saturates at ratio 0); ``log_upper`` is
+    finite for a finite ``logp_old``.  Neither carries a gradient.
+    """
+
+    log_lower: Tensor
+    log_upper: Tensor
+
+
+# --------------------------------------------------------------------------------------
+# dtypes and input checks
+
+
+def _compute_dtype(*tensors: Tensor) -> torch.dtype:
+    """float32, or float64 when an input is float64: half precision is never computed in."""
+    if any(t.dtype == torch.float64 for t in tensors):
+        return torch.float64
+    return torch.float32
+
+
+def _edge_dtype(device: torch.device) -> torch.dtype:
+    """Precision for computing band edges: float64 where the device has it."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+def _as_tensor(name: str, x) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise LossError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def _check_inputs(logp_old, logp, advantages, mask):
+    logp_old = _as_tensor("logp_old", logp_old)
+    logp = _as_tensor("logp", logp)
+    advantages = _as_tensor("advantages", advantages)
+    mask = _as_tensor("mask", mask)
+    if logp_old.dim() < 1:
+        raise LossError("logp_old must have at least one dimension (tokens)")
+    for name, t in (("logp", logp), ("mask", mask)):
+        if t.shape != logp_old.shape:
+            raise LossError(
+                f"{name} has shape {tuple(t.shape)}, expected logp_old's {tuple(logp_old.shape)}"
+            )
+    if not logp_old.is_floating_point() or not logp.is_floating_point():
+        raise LossError(f"log-probabilities must be floating point, got {logp.dtype}")
+    given = tuple(advantages.shape)
+    if advantages.dim() == logp_old.dim() - 1:
+        advantages = advantages.unsqueeze(-1)  # one advantage per sequence
+    try:
+        shape = torch.broadcast_shapes(advantages.shape, logp_old.shape)
+    except RuntimeError:
+        shape = None
+    if shape != logp_old.shape:
+        raise LossError(
+            f"advantages of shape {given} do not broadcast against "
+            f"{tuple(logp_old.shape)}"
+        )
+    return logp_old, logp, advantages, mask
+
+
+# --------------------------------------------------------------------------------------
+# bands
+
+
+def _fixed_log_edges(cfg: LossConfig) -> tuple[float, float]:
+    """log(1 - eps_low) (``-inf`` at eps_low = 1) and log(1 + eps_high)."""
+    log_lo = -math.inf if cfg.eps_low >= 1.0 else math.log1p(-cfg.eps_low)
+    return log_lo, math.log1p(cfg.eps_high)
+
+
+def dcpo_log_bounds(logp_old: Tensor, eps_low: float, eps_high: float) -> Band:
+    r"""Log-edges of DCPO's probability-dependent clip.
+
+    With :math:`p = e^{\text{logp\_old}}`, DCPO (arXiv 2509.02333) clips the ratio to
+
+    .. math::
+
+        \tfrac12 + \tfrac12 \sqrt{\max(0,\, 1 - 4\epsilon_l / p)}
+        \;\le\; r \;\le\;
+        \tfrac12 + \tfrac12 \sqrt{1 + 4\epsilon_h / p},
+
+    so the lower edge never drops below 1/2 (where the root is imaginary the radicand is
+    clamped at 0, as in the reference code).  Both edges are evaluated without cancellation:
+    with :math:`t = 4\epsilon/p`,
+
+    .. math::
+
+        \log r_{lo} = \log1p\!\left(-\frac{t/2}{1 + \sqrt{1 - t}}\right),\qquad
+        \log r_{hi} = \log1p\!\left(\frac{t/2}{1 + \sqrt{1 + t}}\right)\ (t < 1),
+
+    and for :math:`t \ge 1` the upper edge is :math:`\mathrm{softplus}(s) - \log 2` with
+    :math:`s = \tfrac12\,\mathrm{softplus}(\log t)`, exact even when :math:`t` overflows.
+
+    Parameters
+    ----------
+    logp_old : Tensor
+        Old log-probabilities (no gradient is taken).
+    eps_low, eps_high : float
+        DCPO's :math:`\epsilon_l, \epsilon_h \ge 0`.
+
+    Returns
+    -------
+    Band
+        Log-edges in float64 (float32 on devices without float64), shaped like ``logp_old``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> band = dcpo_log_bounds(torch.log(torch.tensor([0.8, 0.1])), 0.16, 0.2)
+    >>> [round(r, 6) for r in band.log_lower.exp().tolist()]  # 1/2 + sqrt(0.2)/2, 1/2
+    [0.723607, 0.5]
+    >>> [round(r, 6) for r in band.log_upper.exp().tolist()]  # 1/2 + sqrt(2)/2, 1/2 + 3/2
+    [1.207107, 2.0]
+    """
+    x = logp_old.detach().to(_edge_dtype(logp_old.device))
+    log2 = math.log(2.0)
+    if eps_low > 0:
+        log_t = math.log(4.0 * eps_low) - x
+        t = torch.exp(torch.clamp(log_t, max=0.0))  # t >= 1 means the root is imaginary
+        log_lo = torch.log1p(-0.5 * t / (1.0 + torch.sqrt(1.0 - t)))
+    else:
+        log_lo = torch.zeros_like(x)
+    if eps_high > 0:
+        log_t = math.log(4.0 * eps_high) - x
+        t = torch.exp(torch.clamp(log_t, max=0.0))
+        small = torch.log1p(0.5 * t / (1.0 + torch.sqrt(1.0 + t)))
+        large = torch.nn.functional.softplus(0.5 * torch.nn.functional.softplus(log_t)) - log2
+        log_hi = torch.where(log_t < 0, small, large)
+    else:
+        log_hi = torch.zeros_like(x)
+    return Band(log_lo, log_hi)
+
+
+def precompute_band(
+    logp_old: Tensor, cfg: LossConfig | None = None, *, mask=None, check: bool = True
+) -> Band:
+    r"""The band of every token, from the old log-probabilities; compute once per batch.
+
+    The band depends only on :math:`p = \pi_{old}(a)` and the configuration, so a trainer
+    computes it once after the rollout and passes it to :func:`policy_loss` in every PPO
+    epoch.  Every method has one: fixed clips give constant edges, ``dcpo`` its closed form
+    (:func:`dcpo_log_bounds`), the ``band_*`` methods and ``trgppo`` the f-divergence band of
+    :func:`fbands.log_bounds`.  Then, for any method, ``relax`` widens the band to contain
+    :math:`[1 - \epsilon_l, 1 + \epsilon_h]` (``trgppo`` always does) and ``upper_bound_max``
+    caps the upper edge.
+
+    Parameters
+    ----------
+    logp_old : Tensor
+        Old log-probabilities of the sampled tokens, any shape (no gradient is taken).
+    cfg : LossConfig, optional
+        The loss configuration (default ``LossConfig()``: band clip, KL, delta 0.05).
+    mask : Tensor, optional
+        Response mask; positions where it is 0 get a harmless stand-in probability, so that
+        padding holding ``-inf`` or garbage never reaches the band solver.
+    check : bool
+        Let :func:`fbands.log_bounds` validate its input (a nan raises
+        :class:`fbands.BandError`).  The check costs a host synchronisation on a GPU;
+        ``False`` skips it (for CUDA graphs), and a nan then gives unspecified edges.
+
+    Returns
+    -------
+    Band
+        ``(log_lower, log_upper)``, shaped like ``logp_old``, in float32 (float64 when
+        ``logp_old`` is float64), on its device.
+
+    Examples
+    --------
+    >>> import torch
+    >>> band = precompute_band(torch.log(torch.tensor([0.5, 0.01])), LossConfig(method="clip"))
+    >>> band.log_lower.exp(), band.log_upper.exp()
+    (tensor([0.8000, 0.8000]), tensor([1.2000, 1.2000]))
+    """
+    cfg = LossConfig() if cfg is None else cfg
+    logp_old = _as_tensor("logp_old", logp_old)
+    out_dtype = _compute_dtype(logp_old)
+    with torch.no_grad():
+        x = logp_old.detach().to(out_dtype)
+        if mask is not None:
+            mask = _as_tensor("mask", mask)
+            if mask.shape != x.shape:
+                raise LossError(
+                    f"mask has shape {tuple(mask.shape)}, expected logp_old's {tuple(x.shape)}"
+                )
+            x = torch.where(mask != 0, x, torch.full_like(x, _PAD_LOGP))
+        x = x.clamp(max=0.0)  # a log-softmax may round a near-certain token to +1e-7
+        fixed_lo, fixed_hi = _fixed_log_edges(cfg)
+        if cfg.method in _DIVERGENCE_BAND:
+            import fbands  # at call time: the package's __init__ may import this module
+
+            options = {} if check else {"check": False}
+            log_lo, log_hi = fbands.log_bounds(x, cfg.delta, cfg.div, logp=True, **options)
+        elif cfg.method == "dcpo":
+            log_lo, log_hi = dcpo_log_bounds(x, cfg.eps_low, cfg.eps_high)
+        else:  # _FIXED_BAND
+            log_lo = torch.full_like(x, fixed_lo)
+            log_hi = torch.full_like(x, fixed_hi)
+        log_lo, log_hi = log_lo.to(out_dtype), log_hi.to(out_dtype)
+        if cfg.relax or cfg.method == "trgppo":
+            log_lo = torch.clamp(log_lo, max=fixed_lo)
+            log_hi = torch.clamp(log_hi, min=fixed_hi)
+        if cfg.upper_bound_max is not None:
+            log_hi = torch.clamp(log_hi, max=math.log(cfg.upper_bound_max))
+    return Band(log_lo, log_hi)
+
+
+# --------------------------------------------------------------------------------------
+# aggregation
+
+
+def agg_loss(
+    values: Tensor,
+    mask: Tensor,
+    mode: str = "token-mean",
+    *,
+    num_tokens=None,
+    num_seqs=None,
+    loss_scale_factor=None,
+) -> Tensor:
+    r"""Aggregate per-token values over a response mask into a 0-dim tensor (verl's modes).
+
+    With :math:`v_{it}` the values, :math:`m_{it}` the mask, :math:`s_i = \sum_t m_{it}
+    v_{it}`, :math:`n_i = \sum_t m_{it}` and :math:`B` sequences:
+
+    .. math::
+
+        \text{token-mean} = \frac{\sum_i s_i}{\sum_i n_i},\quad
+        \text{token-sum} = \sum_i s_i,\quad
+        \text{seq-mean-token-mean} = \frac1B \sum_i \frac{s_i}{n_i},
+
+    .. math::
+
+        \text{seq-mean-token-sum} = \frac1B \sum_i s_i,\quad
+        \text{seq-mean-token-sum-norm} = \frac1B \sum_i \frac{s_i}{L}
+        \ (L = T \text{ by default; Dr. GRPO}).
+
+    :math:`B` counts the rows with at least one token (fully masked rows are left out, as in
+    verl 0.9.1's ``agg_loss``); a batch with no tokens gives 0 instead of NaN.  Masked-out
+    values never leak in, even if they are ``inf`` or ``nan``.
+
+    Parameters
+    ----------
+    values : Tensor
+        Per-token values ``(B, T)`` (any shape ``(..., T)`` for the token modes).
+    mask : Tensor
+        Same shape; 0/1, bool, or non-negative weights.
+    mode : str
+        One of :data:`AGG_MODES`.
+    num_tokens : float or Tensor, optional
+        Denominator of ``token-mean`` in place of :math:`\sum n_i`, e.g. the token count of
+        the whole mini-batch when it is split into micro-batches.
+    num_seqs : float or Tensor, optional
+        :math:`B` of the ``seq-mean-*`` modes, in place of the local row count.
+    loss_scale_factor : float, optional
+        :math:`L` of ``seq-mean-token-sum-norm`` (default: ``T``, the padded length).
+
+    Returns
+    -------
+    Tensor
+        0-dim, in ``values``' dtype.
+
+    Examples
+    --------
+    >>> import torch
+    >>> v = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    >>> m = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    >>> [round(agg_loss(v, m, mode).item(), 4) for mode in AGG_MODES]
+    [2.5, 10.0, 3.0, 5.0, 1.6667]
+    """
+    values = _as_tensor("values", values)
+    mask = _as_tensor("mask", mask)
+    if mode not in AGG_MODES:
+        raise LossError(f"unknown agg mode {mode!r}; expected one of {', '.join(AGG_MODES)}")
+    if values.shape != mask.shape:
+        raise LossError(
+            f"values of shape {tuple(values.shape)} and mask of shape {tuple(mask.shape)} differ"
+        )
+    if values.dim() < 1:
+        raise LossError("values must have a token dimension")
+    weight = mask.to(values.dtype)
+    # where(), not a product, so that inf/nan at masked positions cannot leak in.
+    masked = torch.where(mask != 0, values * weight, torch.zeros_like(values))
+    tiny = torch.finfo(values.dtype).tiny
+    if mode == "token-sum":
+        return masked.sum()
+    if mode == "token-mean":
+        denom = weight.sum().clamp(min=tiny) if num_tokens is None else num_tokens
+        return masked.sum() / denom
+    seq_sum = masked.sum(dim=-1)  # (B,)
+    if mode == "seq-mean-token-mean":
+        per_seq = seq_sum / weight.sum(dim=-1).clamp(min=tiny)
+    elif mode == "seq-mean-token-sum":
+        per_seq = seq_sum
+    else:  # seq-mean-token-sum-norm
+        scale = values.shape[-1] if loss_scale_factor is None else loss_scale_factor
+        per_seq = seq_sum / scale
+    if num_seqs is None:  # rows with no token at all are left out, as verl 0.9.1 does
+        num_seqs = (weight.sum(dim=-1) > 0).sum().clamp(min=1)
+    return per_seq.sum() / num_seqs
+
+
+# --------------------------------------------------------------------------------------
+# the losses
+
+
+def _masked_mean(x: Tensor, weight: Tensor) -> Tensor:
+    return (x * weight).sum() / weight.sum().clamp(min=1.0)
+
+
+def _clip_form(logratio, adv, log_lo, log_hi, cfg):
+    """PPO-form term -A exp(eff), with eff the log-ratio clipped on the advantage's side.
+
+    For A >= 0, max(-A r, -A clip(r, lo, hi)) = -A min(r, hi); for A < 0 it is
+    -A max(r, lo), and dual clip also caps that at -A c: in log space eff is log r clamped
+    from one side, and a clamped token has no gradient (band_gppo gives it one back).
+    """
+    upper = (adv > 0) & (logratio > log_hi)
+    lower = (adv < 0) & (logratio < log_lo)
+    c = cfg.dual_clip_c
+    if c is None and cfg.method == "dual_clip":
+        c = _DEFAULT_DUAL_CLIP_C
+    if c is not None:
+        log_c = math.log(c)
+        dual = (adv < 0) & (logratio > log_c)
+    else:
+        log_c = math.inf
+        dual = torch.zeros_like(upper)
+    if cfg.method == "band_gppo":
+        # Straight-through: the value is the clipped one, exp(edge); the gradient is
+        # beta * edge * A * grad(log pi), the surrogate's own gradient at the edge.
+        moving = logratio - logratio.detach()  # 0 in value, d log r in gradient
+        beta_low = cfg.gppo_beta if cfg.gppo_beta_low is None else cfg.gppo_beta_low
+        hi_val = log_hi + cfg.gppo_beta * moving
+        lo_val = log_lo + beta_low * moving
+    else:
+        hi_val, lo_val = log_hi, log_lo
+    eff = torch.where(upper, hi_val, logratio)
+    eff = torch.where(lower, lo_val, eff)
+    eff = torch.where(dual, torch.full_like(logratio, log_c), eff)
+    per_token = -adv * torch.exp(eff.clamp(max=_MAX_LOG_RATIO))
+    return per_token, upper, lower, dual, torch.zeros_like(upper)
+
+
+def _band_mask(logratio, logp, adv, log_lo, log_hi, cfg):
+    """DPPO form: -A sg(min(r, C)) log pi, dropped where the token left its band."""
+    upper = (adv > 0) & (logratio > log_hi)
+    lower = (adv < 0) & (logratio < log_lo)
+    keep = ~(upper | lower)
+    log_c = math.log(cfg.truncation)
+    weight = torch.exp(logratio.detach().clamp(max=min(log_c, _MAX_LOG_RATIO)))
+    per_token = torch.where(keep, -adv * weight * logp, torch.zeros_like(logp))
+    trunc = keep & (logratio > log_c)
+    return per_token, upper, lower, torch.zeros_like(upper), trunc
+
+
+def _cispo(logratio, logp, adv, log_lo, log_hi):
+    """CISPO: -sg(clip(r, lo, hi)) A log pi; every token keeps its gradient."""
+    upper = logratio > log_hi
+    lower = logratio < log_lo
+    clipped = torch.minimum(torch.maximum(logratio.detach(), log_lo), log_hi)
+    weight = torch.exp(clipped.clamp(max=_MAX_LOG_RATIO))
+    per_token = -adv * weight * logp
+    none = torch.zeros_like(upper)
+    return per_token, upper, lower, none, none
+
+
+def policy_loss(
+    logp_old: Tensor,
+    logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    cfg: LossConfig | None = None,
+    band: Band | None = None,
+    *,
+    weights: Tensor | None = None,
+    num_tokens=None,
+    num_seqs=None,
+    loss_scale_factor=None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    r"""Policy loss of any method in :data:`METHODS`, aggregated over the response mask.
+
+    With :math:`\log r = \text{logp} - \text{logp\_old}` and the band
+    :math:`[r_{lo}, r_{hi}]` of :func:`precompute_band`, the clip-form methods (``clip``,
+    ``clip_higher``, ``dual_clip``, ``dcpo``, ``trgppo``, ``band_clip``) use
+
+    .. math::
+
+        \ell_t = \max\bigl(-A r,\; -A\,\mathrm{clip}(r, r_{lo}, r_{hi})\bigr),
+        \qquad\text{and for } A < 0 \text{ with dual clip: } \min(\ell_t, -cA),
+
+    computed as :math:`-A e^{u}` with :math:`u = \min(\log r, \log r_{hi})` for
+    :math:`A \ge 0` and :math:`u = \max(\log r, \log r_{lo})` (then :math:`\min(u, \log c)`)
+    for :math:`A < 0`: the same value, and no ratio beyond the edge is ever exponentiated.
+    ``band_gppo`` has the same value, but a token clipped at edge :math:`b` keeps the
+    gradient :math:`-\beta\, b\, A\, \nabla \log\pi` (straight-through:
+    :math:`u = \mathrm{sg}(\log b) + \beta(\log r - \mathrm{sg}(\log r))`) instead of none.
+    ``band_mask`` and ``cispo`` use an importance weight under stop-gradient,
+
+    .. math::
+
+        \ell_t^{\text{mask}} = -A\,\mathrm{sg}(\min(r, C))\log\pi \cdot
+        [\text{not } (A > 0,\ r > r_{hi}) \text{ and not } (A < 0,\ r < r_{lo})],
+        \qquad
+        \ell_t^{\text{cispo}} = -A\,\mathrm{sg}(\mathrm{clip}(r, r_{lo}, r_{hi}))\log\pi .
+
+    Parameters
+    ----------
+    logp_old : Tensor
+        ``(B, T)`` behaviour-policy log-probabilities of the sampled tokens.
+    logp : Tensor
+        ``(B, T)`` current-policy log-probabilities (with gradient); bf16/fp16 are computed
+        in float32, and the gradient flows back in ``logp``'s dtype.
+    advantages : Tensor
+        ``(B, T)``, ``(B,)`` or ``(B, 1)``; treated as constants.
+    mask : Tensor
+        ``(B, T)`` response mask (bool or 0/1).  Masked positions may hold anything.
+    cfg : LossConfig, optional
+        Method and constants (default ``LossConfig()``).
+    band : Band, optional
+        From :func:`precompute_band` for this ``logp_old`` and ``cfg``; computed here when
+        None.
+    weights : Tensor, optional
+        Per-token multipliers of the loss terms, broadcasting against ``(B, T)`` and treated
+        as constants, e.g. verl's rollout importance-sampling weights.
+    num_tokens, num_seqs, loss_scale_factor : optional
+        Passed to :func:`agg_loss` (global denominators for micro-batching).
+
+    Returns
+    -------
+    loss : Tensor
+        0-dim, float32 (float64 for float64 input), with gradient.
+    metrics : dict of str to Tensor
+        0-dim detached tensors (no host sync), keys :data:`METRIC_KEYS`, all over the mask:
+        ``clipfrac_upper`` / ``clipfrac_lower``: fraction of tokens whose gradient the upper
+        / lower edge changed (for ``cispo``: whose weight was clipped); ``clipfrac`` their
+        sum; ``tail_clipfrac_upper``: ``clipfrac_upper`` among the tokens with
+        :math:`p < 0.1` and :math:`A > 0`; ``dual_clipfrac``: tokens capped by dual clip;
+        ``truncfrac``: ``band_mask`` tokens whose weight hit :math:`C`; ``band_width``: mean
+        :math:`r_{hi} - r_{lo}`; ``approx_kl_k1`` / ``approx_kl_k3``: mean of
+        :math:`-\log r` / :math:`r - 1 - \log r` (estimates of
+        :math:`\mathrm{KL}(\pi_{old} \| \pi)`); ``ratio_mean`` / ``ratio_max`` /
+        ``ratio_min``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> logp_old = torch.log(torch.tensor([[0.5, 0.1]]))
+    >>> logp = (logp_old + torch.tensor([[0.4, -0.4]])).requires_grad_()
+    >>> cfg = LossConfig(method="dual_clip", agg="token-sum")
+    >>> loss, m = policy_loss(logp_old, logp, torch.tensor([[1.0, -1.0]]), torch.ones(1, 2), cfg)
+    >>> loss.backward()
+    >>> round(loss.item(), 4), logp.grad
+    (-0.4, tensor([[0., 0.]]))
+    >>> m["clipfrac_upper"].item(), m["clipfrac_lower"].item()
+    (0.5, 0.5)
+    """
+    cfg = LossConfig() if cfg is None else cfg
+    if not isinstance(cfg, LossConfig):
+        raise LossError(f"cfg must be a LossConfig, got {type(cfg).__name__}")
+    logp_old, logp, advantages, mask = _check_inputs(logp_old, logp, advantages, mask)
+    dtype = _compute_dtype(logp_old, logp)
+    valid = mask != 0
+    if band is None:
+        band = precompute_band(logp_old, cfg, mask=mask)
+    elif not isinstance(band, tuple) or len(band) != 2:
+        raise LossError(f"band must be a Band (log_lower, log_upper), got {type(band).__name__}")
+    log_lo, log_hi = (edge.detach().to(dtype) for edge in band)
+    if log_lo.shape != logp_old.shape or log_hi.shape != logp_old.shape:
+        raise LossError(
+            f"band edges of shape {tuple(log_lo.shape)} / {tuple(log_hi.shape)} do not match "
+            f"logp_old's {tuple(logp_old.shape)}"
+        )
+
+    # Masked positions are replaced before any arithmetic: padding may hold -inf or nan,
+    # and a nan anywhere in the graph would poison the gradient even where it is masked.
+    zero = torch.zeros((), dtype=dtype, device=logp.device)
+    logp_c = torch.where(valid, logp.to(dtype), zero)  # (B, T), gradient flows to logp
+    logp_old_c = torch.where(valid, logp_old.detach().to(dtype), zero)
+    adv = torch.where(valid, advantages.detach().to(dtype), zero)  # broadcasts to (B, T)
+    log_lo = torch.where(valid, log_lo, torch.full_like(log_lo, -math.inf))
+    log_hi = torch.where(valid, log_hi, torch.full_like(log_hi, math.inf))
+    logratio = logp_c - logp_old_c  # (B, T)
+
+    if cfg.method == "band_mask":
+        terms = _band_mask(logratio, logp_c, adv, log_lo, log_hi, cfg)
+    elif cfg.method == "cispo":
+        terms = _cispo(logratio, logp_c, adv, log_lo, log_hi)
+    else:
+        terms = _clip_form(logratio, adv, log_lo, log_hi, cfg)
+    per_token, upper, lower, dual, trunc = terms  # (B, T) loss and four (B, T) bool masks
+    if weights is not None:
+        weights = _as_tensor("weights", weights)
+        try:
+            shape = torch.broadcast_shapes(weights.shape, per_token.shape)
+        except RuntimeError:
+            shape = None
+        if shape != per_token.shape:
+            raise LossError(
+                f"weights of shape {tuple(weights.shape)} do not broadcast against "
+                f"{tuple(per_token.shape)}"
+            )
+        per_token = per_token * torch.where(valid, weights.detach().to(dtype), zero)
+    loss = agg_loss(
+        per_token,
+        mask,
+        cfg.agg,
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+        loss_scale_factor=loss_scale_factor,
+    )
+    metrics = _metrics(logratio, logp_old_c, adv, valid, log_lo, log_hi, upper, lower, dual, trunc)
+    return loss, metrics
+
+
+def _metrics(logratio, logp_old, adv, valid, log_lo, log_hi, upper, lower, dual, trunc):
+    """Per-batch diagnostics, all 0-dim detached tensors; no host sync."""
+    with torch.no_grad():
+        w = valid.to(logratio.dtype)
+        lr = logratio.detach().clamp(max=_MAX_LOG_RATIO)
+        ratio = torch.exp(lr)
+        f = logratio.dtype
+        clip_up = _masked_mean(upper.to(f), w)
+        clip_lo = _masked_mean(lower.to(f), w)
+        tail = w * ((logp_old < math.log(TAIL_PROB)) & (adv > 0)).to(f)
+        width = torch.exp(log_hi.clamp(max=_MAX_LOG_RATIO)) - torch.exp(log_lo)
+        width = torch.where(valid, width, torch.zeros_like(width))
+        any_valid = valid.any()
+        zero = torch.zeros((), dtype=f, device=logratio.device)
+        big = torch.finfo(f).max
+        ratio_max = torch.where(valid, ratio, torch.full_like(ratio, -big)).amax()
+        ratio_min = torch.where(valid, ratio, torch.full_like(ratio, big)).amin()
+        return {
+            "clipfrac": clip_up + clip_lo,
+            "clipfrac_upper": clip_up,
+            "clipfrac_lower": clip_lo,
+            "tail_clipfrac_upper": _masked_mean(upper.to(f), tail),
+            "dual_clipfrac": _masked_mean(dual.to(f), w),
+            "truncfrac": _masked_mean(trunc.to(f), w),
+            "band_width": _masked_mean(width, w),
+            "approx_kl_k1": _masked_mean(-lr, w),
+            "approx_kl_k3": _masked_mean(torch.expm1(lr) - lr, w),
+            "ratio_mean": _masked_mean(ratio, w),
+            "ratio_max": torch.where(any_valid, ratio_max, zero),
+            "ratio_min": torch.where(any_valid, ratio_min, zero),
+        }
+
+
+# --------------------------------------------------------------------------------------
+# presets
+
+_PRESETS = {
+    "clip": {"method": "clip", "eps_low": 0.2, "eps_high": 0.2},
+    "clip-higher": {"method": "clip_higher", "eps_low": 0.2, "eps_high": 0.28},
+    "dual-clip": {"method": "dual_clip", "eps_low": 0.2, "eps_high": 0.2, "dual_clip_c": 3.0},
+    "dcpo": {
+        "method": "dcpo",
+        "eps_low": 0.16,
+        "eps_high": 0.2,
+        "upper_bound_max": 10.0,
+        "dual_clip_c": 3.0,
+    },
+    "trgppo": {"method": "trgppo", "div": "kl", "delta": 0.05, "eps_low": 0.2, "eps_high": 0.2},
+    "cispo": {"method": "cispo", "eps_low": 1.0, "eps_high": 0.28},
+}
+_BAND_PREFIXES = (("band-mask-", "band_mask"), ("band-gppo-", "band_gppo"), ("band-", "band_clip"))
+
+
+def preset(name: str, **overrides) -> LossConfig:
+    """A named configuration, as used by the trainer's command line and the docs.
+
+    ============================ ===============================================================
+    name                         configuration
+    ============================ ===============================================================
+    ``clip``                     PPO clip, eps 0.2
+    ``clip-higher``              Clip-Higher (DAPO), eps_low 0.2, eps_high 0.28
+    ``dual-clip``                PPO clip, eps 0.2, dual clip c = 3
+    ``dcpo``                     DCPO bounds with eps_low 0.16, eps_high 0.2, upper capped at
+                                 10 and dual clip c = 3 (the settings of the DCPO code)
+    ``trgppo``                   KL band (delta 0.05) united with the clip [0.8, 1.2]
+    ``cispo``                    CISPO, weight clipped above at 1.28, no lower clip
+    ``band-<div>``               band clip (BandPO) of divergence ``<div>``, delta 0.05
+    ``band-mask-<div>``          band mask (DPPO form), delta 0.05, truncation C = 10
+    ``band-gppo-<div>``          band clip with gradient-preserving clipped tokens, delta 0.05
+    ============================ ===============================================================
+
+    ``<div>`` is any name :func:`fbands.log_bounds` accepts, parameters included
+    (``band-alpha(a=0.5)``); in the name a dash may stand for an underscore
+    (``band-reverse-kl``).
+
+    Parameters
+    ----------
+    name : str
+        The preset's name.
+    **overrides
+        Fields of :class:`LossConfig` to change, e.g. ``delta=0.1``.
+
+    Returns
+    -------
+    LossConfig
+
+    Examples
+    --------
+    >>> cfg = preset("band-kl", delta=0.1)
+    >>> cfg.method, cfg.div, cfg.delta
+    ('band_clip', 'kl', 0.1)
+    >>> preset("band-mask-tv").method, preset("clip-higher").eps_high
+    ('band_mask', 0.28)
+    """
+    if not isinstance(name, str):
+        raise LossError(f"preset name must be a string, got {name!r}")
+    if name in _PRESETS:
+        fields = dict(_PRESETS[name])
+    else:
+        fields = None
+        for prefix, method in _BAND_PREFIXES:
+            if name.startswith(prefix) and len(name) > len(prefix):
+                div = name[len(prefix) :]
+                head, paren, params = div.partition("(")  # "alpha(a=-1)" keeps its minus
+                div = head.replace("-", "_") + paren + params
+                fields = {"method": method, "div": div, "delta": 0.05}
+                break
+        if fields is None:
+            known = ", ".join([*_PRESETS, "band-<div>", "band-mask-<div>", "band-gppo-<div>"])
+            raise LossError(f"unknown preset {name!r}; expected one of {known}")
+    known_fields = {f.name for f in dataclasses.fields(LossConfig)}
+    unknown = sorted(set(overrides) - known_fields)
+    if unknown:
+        raise LossError(f"unknown LossConfig field(s) {', '.join(unknown)} in preset({name!r})")
+    fields.update(overrides)
+    return LossConfig(**fields)

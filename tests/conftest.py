@@ -1,0 +1,36 @@
+import os
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci",
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=True,
+)
+settings.register_profile("dev", max_examples=200, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+import pytest  # noqa: E402
+
+from fbands import divergences  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _restore_registry():
+    """Divergences a test registers are gone after it, so tests see the same registry."""
+    saved = (
+        dict(divergences._REGISTRY),
+        dict(divergences._FAMILIES),
+        dict(divergences._REGISTRY_MEMBERS),
+    )
+    yield
+    for live, old in zip(
+        (divergences._REGISTRY, divergences._FAMILIES, divergences._REGISTRY_MEMBERS),
+        saved,
+        strict=True,
+    ):
+        live.clear()
+        live.update(old)

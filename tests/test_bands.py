@@ -1,0 +1,276 @@
+"""Invariants of bounds() over the whole registry, and values against a 60-digit reference."""
+
+from __future__ import annotations
+
+import math
+
+import mpmath as mp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import fbands
+from fbands import _solver, divergences
+from fbands.backends import numpy_backend
+from fbands.bands import NumpyInputs
+
+from . import reference as ref
+
+DIVS = list(ref.TABLE)
+# Checked and derived once; the fixture below puts the same object back for each test.
+TRIANGULAR = fbands.register("triangular", ref.USER_F, overwrite=True)
+CLOSED = [d for d in DIVS if fbands.get(d).derivation.upper is not None]
+del divergences._REGISTRY["triangular"]
+
+
+@pytest.fixture(autouse=True)
+def _user_divergence(_restore_registry):
+    """The registry tests also cover a user-registered generator."""
+    divergences._REGISTRY["triangular"] = TRIANGULAR
+BUILTIN = list(ref.GENERATORS)
+
+log_p = st.floats(math.log(1e-12), math.log1p(-1e-9))
+log_delta = st.floats(math.log(1e-4), 0.0)
+
+
+def band(p, delta, div, **kw):
+    return fbands.bounds(np.float64(p), delta, div, backend="numpy", **kw)
+
+
+def g(div, p, r):
+    with mp.workdps(ref.DPS):
+        return ref.g(ref.TABLE[div], mp.mpf(p), mp.mpf(r))
+
+
+@pytest.mark.parametrize("div", DIVS)
+@given(lp=log_p, ld=log_delta)
+def test_band_contains_one_and_respects_the_simplex(div, lp, ld):
+    p, delta = math.exp(lp), math.exp(ld)
+    lo, hi = band(p, delta, div)
+    assert 0.0 <= lo <= 1.0 <= hi
+    assert hi <= (1 / p) * (1 + 1e-15)
+
+
+@pytest.mark.parametrize("div", DIVS)
+@given(lp=log_p, ld=log_delta)
+def test_edges_solve_the_band_equation(div, lp, ld):
+    """g crosses delta at each unsaturated edge (checked in 60-digit arithmetic)."""
+    p, delta = math.exp(lp), math.exp(ld)
+    lo, hi = band(p, delta, div)
+    eps = 1e-10
+    assert g(div, p, hi * (1 - eps)) <= delta  # just inside the band: allowed
+    if hi < (1 / p) * (1 - 1e-9):
+        assert g(div, p, hi * (1 + eps)) >= delta  # just outside: not allowed
+    if lo > 1e-300:
+        assert g(div, p, lo * (1 + eps)) <= delta <= g(div, p, lo * (1 - eps))
+    else:  # saturated at 0, or an edge below the smallest float
+        assert g(div, p, mp.mpf("1e-300")) <= delta * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("div", DIVS)
+@given(lp=log_p, ld=log_delta, factor=st.floats(1.01, 10.0))
+def test_bands_are_nested_in_delta(div, lp, ld, factor):
+    p, delta = math.exp(lp), math.exp(ld)
+    lo1, hi1 = band(p, delta, div)
+    lo2, hi2 = band(p, delta * factor, div)
+    assert lo2 <= lo1 and hi1 <= hi2
+
+
+@pytest.mark.parametrize("div", CLOSED)
+def test_closed_form_equals_generic_solver(div):
+    """The closed-form edges agree with the root finder run on the same divergence."""
+    rng = np.random.default_rng(7)
+    p = np.exp(rng.uniform(math.log(1e-12), math.log1p(-1e-9), 300))
+    delta = np.exp(rng.uniform(math.log(1e-4), 0, 300))
+    d = fbands.get(div)
+    x = NumpyInputs(p, delta, logp=False, invalid="raise", check=True)
+    inputs = _solver.Inputs(x.lp, x.lq, x.p, x.q, x.delta)
+    with np.errstate(all="ignore"):
+        closed = _solver.solve(d, numpy_backend.xp, inputs)
+        generic = _solver.solve(d, numpy_backend.xp, inputs, closed_forms=False)
+    for c, n in zip(closed, generic, strict=True):
+        c, n = np.exp(c), np.exp(n)
+        np.testing.assert_allclose(c, n, rtol=1e-12, atol=1e-300)
+
+
+# ----------------------------------------------------------------------------- 60-digit values
+
+GRID_P = [1e-12, 3e-9, 1e-6, 1e-3, 0.02, 0.1, 0.3, 0.5, 0.7, 0.9, 0.99, 1 - 1e-6, 1 - 1e-9]
+GRID_DELTA = [1e-4, 3e-3, 0.05, 0.3, 1.0]
+
+
+def _rel_err(x, r):
+    return float(abs(mp.mpf(float(x)) - r) / max(abs(r), mp.mpf("1e-6")))
+
+
+@pytest.mark.parametrize("div", BUILTIN + ["alpha(a=0.5)", "alpha(a=3)", "triangular"])
+def test_float64_accuracy_against_60_digit_bisection(div):
+    p = np.repeat(GRID_P, len(GRID_DELTA))
+    delta = np.tile(GRID_DELTA, len(GRID_P))
+    lo, hi = fbands.bounds(p, delta, div, backend="numpy")
+    worst = 0.0
+    for i in range(p.size):
+        r_lo, r_hi = ref.edges(ref.TABLE[div], p[i], delta[i])
+        worst = max(worst, _rel_err(lo[i], r_lo), _rel_err(hi[i], r_hi))
+    assert worst <= 1e-12
+
+
+@pytest.mark.parametrize("div", BUILTIN)
+@given(lp=log_p, ld=log_delta)
+def test_random_points_against_60_digit_bisection(div, lp, ld):
+    p, delta = math.exp(lp), math.exp(ld)
+    lo, hi = band(p, delta, div)
+    r_lo, r_hi = ref.edges(ref.TABLE[div], p, delta)
+    assert _rel_err(lo, r_lo) <= 1e-12 and _rel_err(hi, r_hi) <= 1e-12
+
+
+def _near_saturation():
+    """Points where the lower edge is about to reach 0: g(p, 0) just above delta."""
+    for delta in (1e-4, 0.01, 0.3):
+        for gap in (3e-6, 1e-4, 3e-3):
+            yield "chi2", delta / (1 + delta) * (1 + gap), delta  # g(p, 0) = p / q
+            yield "hellinger", delta * (1 - delta / 4) * (1 + gap), delta  # 2 - 2 sqrt(q)
+            yield "reverse_kl", -math.expm1(-delta) * (1 + gap), delta  # -log q
+            yield "tv", delta * (1 + gap), delta  # p
+
+
+@pytest.mark.parametrize("div, p, delta", list(_near_saturation()))
+def test_lower_edges_next_to_saturation_are_exact(div, p, delta):
+    """Ill-conditioned in float64 (a rounding of g moves the edge by eps delta / |g'|): the
+    numpy backend redoes these few elements in 40-digit arithmetic."""
+    lo, _ = band(p, delta, div)
+    r_lo, _ = ref.edges(ref.TABLE[div], p, delta)
+    assert _rel_err(lo, r_lo) <= 1e-13
+
+
+# ----------------------------------------------------------------------------- limits
+
+
+@pytest.mark.parametrize("div", DIVS)
+@pytest.mark.parametrize("delta", [1e-3, 0.05, 0.5, 1.5])
+def test_p_equal_one_gives_r_star(div, delta):
+    lo, hi = band(1.0, delta, div)
+    assert hi == 1.0
+    expected = float(ref.lower_at_one(div, delta))
+    assert lo == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    near = [band(1 - q, delta, div)[0] for q in (1e-6, 1e-9, 1e-12)]
+    if math.isfinite(fbands.get(div).fprime_inf):  # continuous at p = 1
+        assert near[-1] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    else:  # f'(inf) = inf: the edge creeps up to 1, like 1 - delta / log(1 / q) for reverse KL
+        assert near[0] <= near[1] <= near[2] < 1.0
+
+
+def test_known_values_of_r_star():
+    delta = 0.2
+    assert band(1.0, delta, "kl")[0] == pytest.approx(math.exp(-delta), rel=1e-14)
+    assert band(1.0, delta, "tv")[0] == pytest.approx(1 - delta, rel=1e-14)
+    assert band(1.0, delta, "hellinger")[0] == pytest.approx((1 - delta / 2) ** 2, rel=1e-14)
+    assert band(1.0, delta, "chi2")[0] == 1.0
+    assert band(1.0, delta, "reverse_kl")[0] == 1.0
+
+
+@pytest.mark.parametrize("logp", [-1e4, -2000.0, -700.0, -300.0, -60.0])
+@pytest.mark.parametrize("delta", [1e-3, 0.05, 0.7])
+def test_kl_upper_edge_as_p_vanishes(logp, delta):
+    """p -> 0: v = p r solves v + f(1 - v) = delta, i.e. v = 1 - exp(-delta) for KL."""
+    _, log_hi = fbands.log_bounds(logp, delta, "kl", backend="numpy", logp=True)
+    assert log_hi + logp == pytest.approx(math.log(-math.expm1(-delta)), rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("logp", [-1e4, -800.0, -300.0, -40.0])
+def test_lower_edges_as_p_vanishes(logp):
+    delta = 0.05
+    lo, _ = fbands.log_bounds(logp, delta, "kl", backend="numpy", logp=True)
+    expected = -delta * math.exp(-logp) if logp > -700 else -math.inf  # about -delta / p
+    if math.isfinite(expected):
+        assert lo == pytest.approx(expected, rel=1e-6)
+    else:
+        assert lo == -math.inf
+    lo, _ = fbands.log_bounds(logp, delta, "neyman_chi2", backend="numpy", logp=True)
+    assert lo == pytest.approx(logp - math.log(delta), rel=1e-9)  # r ~ p / delta
+    for div in ("tv", "chi2", "reverse_kl", "hellinger", "js"):  # f(0) finite: saturated
+        lo, _ = fbands.log_bounds(logp, delta, div, backend="numpy", logp=True)
+        assert lo == -math.inf
+
+
+@pytest.mark.parametrize("div", DIVS)
+def test_log_edges_are_continuous_across_the_tiny_p_switch(div):
+    logp = np.array([_solver.LP_TINY - 1e-9, _solver.LP_TINY + 1e-9])
+    lo, hi = fbands.log_bounds(logp, 0.05, div, backend="numpy", logp=True)
+    assert hi[0] - hi[1] == pytest.approx(2e-9, abs=1e-8)
+    if np.isfinite(lo).all():
+        assert lo[0] == pytest.approx(lo[1], rel=1e-8)
+
+
+@pytest.mark.parametrize("div", DIVS)
+def test_logp_minus_inf_is_the_p_to_zero_limit(div):
+    lo, hi = fbands.bounds(np.array([-np.inf]), 0.1, div, backend="numpy", logp=True)
+    assert lo[0] == 0.0 and hi[0] == np.inf
+
+
+@pytest.mark.parametrize("div", DIVS)
+def test_logp_and_p_inputs_agree(div):
+    p = np.array([1e-9, 0.01, 0.3, 0.9])
+    a = fbands.log_bounds(p, 0.05, div, backend="numpy")
+    b = fbands.log_bounds(np.log(p), 0.05, div, backend="numpy", logp=True)
+    np.testing.assert_allclose(a, b, rtol=1e-12)
+
+
+# ----------------------------------------------------------------------------- input handling
+
+
+def test_types_shapes_and_dtypes_are_kept():
+    lo, hi = fbands.bounds(0.2, 0.05, backend="numpy")
+    assert type(lo) is float and type(hi) is float
+    p32 = np.full((3, 4), 0.2, dtype=np.float32)
+    lo, hi = fbands.bounds(p32, 0.05, backend="numpy")
+    assert lo.dtype == np.float32 and lo.shape == (3, 4)
+    exact = fbands.bounds(np.float64(np.float32(0.2)), 0.05, backend="numpy")
+    assert lo[0, 0] == np.float32(exact[0]) and hi[0, 0] == np.float32(exact[1])
+    lo, hi = fbands.bounds(np.full((3, 1), 0.2), np.array([0.01, 0.05, 0.1, 0.2]))
+    assert lo.shape == (3, 4) and np.all(np.diff(hi, axis=1) > 0)
+
+
+@pytest.mark.parametrize(
+    "p, delta, logp, message",
+    [
+        (np.array([0.1, np.nan]), 0.05, False, "p must lie in"),
+        (np.array([0.1, np.inf]), 0.05, False, "p must lie in"),
+        (np.array([0.1, 0.0]), 0.05, False, "p must lie in"),
+        (np.array([0.1, -0.3]), 0.05, False, "p must lie in"),
+        (np.array([0.1, 1.5]), 0.05, False, "p must lie in"),
+        (np.array([-0.1, 0.5]), 0.05, True, "log p must lie in"),
+        (np.array([-0.1, np.nan]), 0.05, True, "log p must lie in"),
+        (0.1, 0.0, False, "delta must lie in"),
+        (0.1, -1.0, False, "delta must lie in"),
+        (0.1, np.nan, False, "delta must lie in"),
+        (0.1, np.inf, False, "delta must lie in"),
+    ],
+)
+def test_bad_input_raises_a_clear_error(p, delta, logp, message):
+    with pytest.raises(fbands.BandError, match=message):
+        fbands.bounds(p, delta, "kl", backend="numpy", logp=logp)
+    assert issubclass(fbands.BandError, ValueError)
+
+
+def test_bad_elements_give_nan_in_place_on_request():
+    p = np.array([0.1, np.nan, 2.0, 0.5])
+    delta = np.array([0.05, 0.05, 0.05, -1.0])
+    lo, hi = fbands.bounds(p, delta, "kl", backend="numpy", invalid="nan")
+    assert np.isnan(lo[1:]).all() and np.isnan(hi[1:]).all()
+    assert (lo[0], hi[0]) == band(0.1, 0.05, "kl")
+
+
+def test_the_error_names_the_index_and_value():
+    with pytest.raises(fbands.BandError, match=r"got 1\.5 at index \(1, 0\)"):
+        fbands.bounds(np.array([[0.2], [1.5]]), 0.05, backend="numpy")
+
+
+def test_unknown_names_list_the_alternatives():
+    with pytest.raises(fbands.DivergenceError, match="available: kl, reverse_kl"):
+        fbands.bounds(0.1, 0.05, "kullback")
+    with pytest.raises(fbands.BandError, match="unknown backend"):
+        fbands.bounds(0.1, 0.05, "kl", backend="jax")
+    with pytest.raises(fbands.BandError, match="invalid must be"):
+        fbands.bounds(0.1, 0.05, "kl", invalid="ignore")

@@ -1,0 +1,159 @@
+"""The registry: conventions, derived facts, closed forms checked against sympy, register()."""
+
+from __future__ import annotations
+
+import math
+
+import mpmath as mp
+import numpy as np
+import pytest
+import sympy as sp
+
+import fbands
+from fbands import symbolic
+
+from . import reference as ref
+
+u = symbolic.U
+
+
+def test_builtin_generators_follow_the_documented_conventions():
+    expected = {
+        "kl": u - 1 - sp.log(u),
+        "reverse_kl": u * sp.log(u) - u + 1,
+        "tv": sp.Abs(u - 1) / 2,
+        "chi2": (u - 1) ** 2,
+        "neyman_chi2": (u - 1) ** 2 / u,
+        "hellinger": (sp.sqrt(u) - 1) ** 2,
+        "js": (u * sp.log(u) - (1 + u) * sp.log((1 + u) / 2)) / 2,
+    }
+    assert set(expected) <= set(fbands.available())
+    for name, f in expected.items():
+        assert sp.simplify(fbands.get(name).f - f) == 0, name
+    a = sp.Rational(3, 2)
+    alpha = fbands.get("alpha", a=1.5).f
+    assert sp.simplify(alpha - (u**a - 1 - a * (u - 1)) / (a * (a - 1))) == 0
+
+
+@pytest.mark.parametrize(
+    "a, same_as, factor",
+    [(0, "kl", 1), (1, "reverse_kl", 1), (2, "chi2", sp.Rational(1, 2)),
+     (0.5, "hellinger", 2), (-1, "neyman_chi2", sp.Rational(1, 2))],
+)
+def test_alpha_family_special_cases(a, same_as, factor):
+    f = fbands.get("alpha", a=a).f
+    assert sp.simplify(f - factor * fbands.get(same_as).f) == 0
+
+
+@pytest.mark.parametrize("name", list(ref.GENERATORS))
+def test_derived_constants_match_independent_limits(name):
+    d = fbands.get(name)
+    f = ref.GENERATORS[name]
+    with mp.workdps(40):
+        f0 = ref._at_zero(f) if name in ("kl", "neyman_chi2") else f(mp.mpf(0))
+        assert d.f0 == pytest.approx(float(f0)) if mp.isfinite(f0) else math.isinf(d.f0)
+        slope = ref.fprime_inf(name)
+        if slope == mp.inf:
+            assert math.isinf(d.fprime_inf)
+        else:
+            assert d.fprime_inf == pytest.approx(float(slope), rel=1e-12)
+        if name != "tv":  # tv has a kink at 1
+            assert d.curvature == pytest.approx(float(mp.diff(f, 1, 2)), rel=1e-12)
+    assert fbands.get("tv").curvature == math.inf
+
+
+def test_closed_forms_exist_where_promised():
+    for name in ("tv", "chi2", "neyman_chi2", "hellinger"):
+        assert fbands.get(name).has_closed_form, name
+    for a in (2, 0.5, -1):
+        assert fbands.get("alpha", a=a).has_closed_form
+    for name in ("kl", "reverse_kl", "js"):
+        assert not fbands.get(name).has_closed_form, name
+
+
+@pytest.mark.parametrize("name", ["tv", "chi2", "neyman_chi2", "hellinger", "alpha(a=2)",
+                                  "alpha(a=-1)", "alpha(a=1/2)"])
+@pytest.mark.parametrize("p, delta", [(0.3, 0.05), (0.02, 0.2), (0.9, 0.001), (1e-6, 0.5)])
+def test_closed_form_edges_agree_with_sympy(name, p, delta):
+    """sympy's own 50-digit root finder on the unsquared equation g(p, r) = delta."""
+    d = fbands.get(name)
+    P, D, r = sp.Rational(p), sp.Rational(delta), sp.Symbol("r", positive=True)
+    g = P * d.f.subs(u, r) + (1 - P) * d.f.subs(u, (1 - r * P) / (1 - P))
+    lo, hi = fbands.bounds(p, delta, name, backend="numpy")
+    for edge, top in ((hi, 1 / P), (lo, sp.Integer(0))):
+        if edge in (0.0, float(1 / P)):
+            continue  # saturated
+        e = sp.Float(edge, 50)
+        bracket = (e * (1 - sp.Float("1e-8")), e * (1 + sp.Float("1e-8")))
+        root = sp.nsolve(g - D, r, bracket, solver="anderson", prec=50)
+        assert edge == pytest.approx(float(root), rel=1e-12), (edge, top)
+
+
+def test_generated_code_is_free_of_cancellation_near_one():
+    """F(s) = f(e^s) near s = 0 has an error of order eps |s|, not eps: no O(1) terms cancel.
+
+    That is what the band needs (the error of g relative to delta stays near eps), and what
+    a naive form such as ``2 e^s - 4 e^(s/2) + 2`` for alpha(1/2) misses by ten orders.
+    """
+    s = np.array([1e-9, -1e-7, 1e-4])
+    for name in list(ref.GENERATORS) + ["alpha(a=1/2)", "alpha(a=3)"]:
+        F = fbands.get(name).kernels(np)[0]
+        f = ref.TABLE.get(name) or ref.alpha(0.5 if "1/2" in name else 3)
+        with mp.workdps(50):
+            exact = [f(mp.exp(mp.mpf(x))) for x in s]
+        err = np.abs(F(s) - np.array([float(v) for v in exact]))
+        assert np.all(err <= 8 * np.finfo(float).eps * np.abs(s) * (1 + np.abs(s))), name
+
+
+def test_register_from_a_string_works_on_the_numpy_backend():
+    d = fbands.register("test_triangle", "(u - 1)**2 / (u + 1)", overwrite=True)
+    assert "test_triangle" in fbands.available()
+    lo, hi = fbands.bounds(0.2, 0.05, "test_triangle", backend="numpy")
+    f = ref.TABLE["triangular"]
+    r_lo, r_hi = ref.edges(f, 0.2, 0.05)
+    assert lo == pytest.approx(float(r_lo), rel=1e-12)
+    assert hi == pytest.approx(float(r_hi), rel=1e-12)
+    assert d.f0 == 1.0 and d.fprime_inf == 1.0
+
+
+def test_register_a_family_with_a_parameter():
+    fbands.register("test_power", "(u**b - 1 - b*(u - 1)) / (b*(b - 1))", params=("b",),
+                    overwrite=True)
+    member = fbands.get("test_power", b=3)
+    assert sp.simplify(member.f - fbands.get("alpha", a=3).f) == 0
+    assert fbands.get("test_power(b=3)") is member
+
+
+@pytest.mark.parametrize(
+    "f, message",
+    [
+        ("(u - 2)**2", r"f\(1\) must be 0"),
+        ("-(u - 1)**2", "not convex"),
+        ("log(u)", "not convex"),
+        ("sin(u - 1)", "not convex"),
+        ("(u - 1)**2 + v", "may only depend on u"),
+        ("(u - 1", "cannot parse"),
+        ("(u - 1)**3", "not convex"),
+        ("0*u", "strictly convex"),
+    ],
+)
+def test_register_rejects_invalid_generators(f, message):
+    with pytest.raises(fbands.DivergenceError, match=message):
+        fbands.register("test_bad", f, overwrite=True)
+
+
+def test_register_protects_existing_names():
+    with pytest.raises(fbands.DivergenceError, match="exists"):
+        fbands.register("kl", "(u - 1)**2")
+    with pytest.raises(fbands.DivergenceError, match="invalid divergence name"):
+        fbands.register("bad name", "(u - 1)**2")
+
+
+def test_lookup_errors():
+    with pytest.raises(fbands.DivergenceError, match="available:"):
+        fbands.get("nope")
+    with pytest.raises(fbands.DivergenceError, match="missing"):
+        fbands.get("alpha")
+    with pytest.raises(fbands.DivergenceError, match="takes no parameters"):
+        fbands.get("kl", a=1)
+    assert fbands.get("KL") is fbands.get("kullback_leibler") is fbands.get("kl")

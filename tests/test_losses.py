@@ -1,0 +1,688 @@
+"""Tests of fbands.losses: every method against an independent formula, gradients, numerics.
+
+The reference formulas below are written the textbook way (exponentiate, clamp, take the max)
+so that they check the log-space implementation rather than repeat it.  A hand-made total
+variation band (closed form r = 1 -+ delta / p, clamped to [0, 1/p]) stands in for the core
+solver wherever the test is about the loss and not about the band.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mpmath
+import pytest
+import torch
+
+import fbands
+from fbands.losses import (
+    AGG_MODES,
+    METHODS,
+    METRIC_KEYS,
+    Band,
+    LossConfig,
+    LossError,
+    agg_loss,
+    dcpo_log_bounds,
+    policy_loss,
+    precompute_band,
+    preset,
+)
+
+F64 = torch.float64
+
+
+# --------------------------------------------------------------------------------------
+# helpers
+
+
+def tv_band(logp_old: torch.Tensor, delta: float) -> Band:
+    """Closed-form TV band in log space: [max(p - delta, 0), min(p + delta, 1)] / p."""
+    p = logp_old.to(F64).exp()
+    log_hi = torch.log(torch.clamp(p + delta, max=1.0)) - logp_old.to(F64)
+    log_lo = torch.log(torch.clamp(p - delta, min=0.0)) - logp_old.to(F64)  # -inf if p <= delta
+    return Band(log_lo.to(logp_old.dtype), log_hi.to(logp_old.dtype))
+
+
+def ppo_reference(logp_old, logp, adv, mask, lower, upper, dual_c=None):
+    """Textbook PPO / dual-clip token-mean loss with ratio bounds given as tensors or floats."""
+    ratio = torch.exp(logp - logp_old)
+    lower = torch.as_tensor(lower, dtype=ratio.dtype)
+    upper = torch.as_tensor(upper, dtype=ratio.dtype)
+    clipped = torch.minimum(torch.maximum(ratio, lower), upper)
+    per_token = torch.maximum(-adv * ratio, -adv * clipped)
+    if dual_c is not None:
+        per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * dual_c), per_token)
+    return (per_token * mask).sum() / mask.sum()
+
+
+def random_batch(seed, shape=(4, 6), *, spread=0.6, dtype=F64):
+    """Old log-probs log-uniform in (1e-4, 0.95), moves of the log-ratio, mixed-sign A."""
+    gen = torch.Generator().manual_seed(seed)
+    logp_old = torch.empty(shape, dtype=dtype)
+    logp_old.uniform_(math.log(1e-4), math.log(0.95), generator=gen)
+    move = (torch.rand(shape, generator=gen, dtype=dtype) * 2 - 1) * spread
+    logp = torch.clamp(logp_old + move, max=-1e-3)
+    adv = torch.randn(shape, generator=gen, dtype=dtype)
+    mask = (torch.rand(shape, generator=gen) > 0.2).to(dtype)
+    mask[:, 0] = 1.0
+    return logp_old, logp, adv, mask
+
+
+def grad_of(fn, logp):
+    """Value and gradient of fn(logp) with respect to logp."""
+    x = logp.detach().clone().requires_grad_()
+    value = fn(x)
+    (grad,) = torch.autograd.grad(value, x)
+    return value.detach(), grad
+
+
+def fake_log_bounds(calls):
+    """Stand-in for fbands.log_bounds (TV closed form) that records how it was called."""
+
+    def log_bounds(p, delta, div="kl", backend="auto", *, logp=False, **options):
+        calls.append({"delta": delta, "div": div, "logp": logp, "dtype": p.dtype, **options})
+        return tv_band(p, delta)
+
+    return log_bounds
+
+
+# --------------------------------------------------------------------------------------
+# configuration and presets
+
+
+@pytest.mark.parametrize(
+    ("fields", "fragment"),
+    [
+        ({"method": "ppo"}, "'ppo'"),
+        ({"agg": "mean"}, "'mean'"),
+        ({"delta": 0.0}, "delta"),
+        ({"delta": float("nan")}, "nan"),
+        ({"eps_low": 1.5}, "1.5"),
+        ({"eps_high": -0.1}, "-0.1"),
+        ({"dual_clip_c": 1.0}, "dual_clip_c"),
+        ({"method": "cispo", "dual_clip_c": 3.0}, "cispo"),
+        ({"method": "band_mask", "dual_clip_c": 3.0}, "band_mask"),
+        ({"upper_bound_max": 0.5}, "0.5"),
+        ({"truncation": 0}, "truncation"),
+        ({"gppo_beta": -1.0}, "gppo_beta"),
+        ({"div": ""}, "div"),
+        ({"relax": True, "delta": True}, "delta"),
+        ({"relax": "yes"}, "relax"),
+    ],
+)
+def test_config_rejects_bad_values(fields, fragment):
+    with pytest.raises(LossError) as info:
+        LossConfig(**fields)
+    assert isinstance(info.value, ValueError)
+    assert fragment in str(info.value)
+
+
+def test_presets():
+    assert preset("clip") == LossConfig(method="clip", eps_low=0.2, eps_high=0.2)
+    assert (preset("clip-higher").eps_low, preset("clip-higher").eps_high) == (0.2, 0.28)
+    assert preset("dual-clip").dual_clip_c == 3.0
+    assert preset("dcpo").method == "dcpo"
+    assert (preset("trgppo").method, preset("trgppo").div) == ("trgppo", "kl")
+    assert preset("cispo").eps_low == 1.0  # no lower clip
+    for name, method in [("band-", "band_clip"), ("band-mask-", "band_mask"),
+                         ("band-gppo-", "band_gppo")]:
+        cfg = preset(name + "chi2")
+        assert (cfg.method, cfg.div, cfg.delta) == (method, "chi2", 0.05)
+    assert preset("band-reverse-kl").div == "reverse_kl"
+    assert preset("band-mask-neyman-chi2").div == "neyman_chi2"
+    assert preset("band-gppo-alpha(a=-0.5)").div == "alpha(a=-0.5)"
+    cfg = preset("band-kl", delta=0.1, agg="seq-mean-token-mean")
+    assert (cfg.delta, cfg.agg) == (0.1, "seq-mean-token-mean")
+    with pytest.raises(LossError, match="'ppo2'"):
+        preset("ppo2")
+    with pytest.raises(LossError, match="band-"):
+        preset("band-")
+    with pytest.raises(LossError, match="epsilon"):
+        preset("clip", epsilon=0.3)
+    with pytest.raises(LossError, match="eps_high"):
+        preset("clip", eps_high=-1.0)
+
+
+# --------------------------------------------------------------------------------------
+# baselines against the textbook formulas
+
+
+@pytest.mark.parametrize(("method", "eps_low", "eps_high"),
+                         [("clip", 0.2, 0.2), ("clip_higher", 0.2, 0.28), ("clip", 0.1, 0.3)])
+def test_ppo_clip_matches_textbook(method, eps_low, eps_high):
+    logp_old, logp, adv, mask = random_batch(1)
+    cfg = LossConfig(method=method, eps_low=eps_low, eps_high=eps_high)
+    value, grad = grad_of(lambda x: policy_loss(logp_old, x, adv, mask, cfg)[0], logp)
+    ref_value, ref_grad = grad_of(
+        lambda x: ppo_reference(logp_old, x, adv, mask, 1 - eps_low, 1 + eps_high), logp)
+    torch.testing.assert_close(value, ref_value, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-12, atol=1e-12)
+    _, metrics = policy_loss(logp_old, logp, adv, mask, cfg)
+    assert 0 < metrics["clipfrac"].item() < 1  # the batch does exercise the clip
+
+
+@pytest.mark.parametrize("method", ["dual_clip", "clip"])
+def test_dual_clip_matches_textbook(method):
+    logp_old, logp, adv, mask = random_batch(2, spread=1.6)
+    cfg = LossConfig(method=method, dual_clip_c=3.0)
+    value, grad = grad_of(lambda x: policy_loss(logp_old, x, adv, mask, cfg)[0], logp)
+    ref_value, ref_grad = grad_of(
+        lambda x: ppo_reference(logp_old, x, adv, mask, 0.8, 1.2, dual_c=3.0), logp)
+    torch.testing.assert_close(value, ref_value, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-12, atol=1e-12)
+    dual = policy_loss(logp_old, logp, adv, mask, cfg)[1]["dual_clipfrac"]
+    expected = (((adv < 0) & (logp - logp_old > math.log(3.0))).to(F64) * mask).sum() / mask.sum()
+    assert dual.item() == pytest.approx(expected.item())
+    assert dual.item() > 0
+    # "dual_clip" without a constant uses c = 3.
+    assert torch.equal(policy_loss(logp_old, logp, adv, mask, LossConfig(method="dual_clip"))[0],
+                       value)
+
+
+def test_band_clip_matches_textbook_with_tv_band():
+    logp_old, logp, adv, mask = random_batch(3, spread=2.0)
+    band = tv_band(logp_old, 0.05)
+    cfg = LossConfig(method="band_clip", div="tv")
+    value, grad = grad_of(lambda x: policy_loss(logp_old, x, adv, mask, cfg, band)[0], logp)
+    ref_value, ref_grad = grad_of(
+        lambda x: ppo_reference(logp_old, x, adv, mask, band.log_lower.exp(), band.log_upper.exp()),
+        logp)
+    torch.testing.assert_close(value, ref_value, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-12, atol=1e-12)
+
+
+# --------------------------------------------------------------------------------------
+# hand-derived gradients on tiny inputs (token-sum, so each gradient is the token's own)
+
+
+def tiny_case():
+    """Four tokens, p = 0.5; ratios 1.1 (inside), 1.5 (above), 0.6 (below), 1.5 (above)."""
+    logp_old = torch.full((1, 4), math.log(0.5), dtype=F64)
+    ratio = torch.tensor([[1.1, 1.5, 0.6, 1.5]], dtype=F64)
+    logp = logp_old + ratio.log()
+    adv = torch.tensor([[2.0, 2.0, -1.0, -1.0]], dtype=F64)
+    return logp_old, logp, adv, torch.ones(1, 4, dtype=F64), ratio
+
+
+def test_hand_gradients_clip():
+    logp_old, logp, adv, mask, ratio = tiny_case()
+    cfg = LossConfig(method="clip", agg="token-sum")
+    value, grad = grad_of(lambda x: policy_loss(logp_old, x, adv, mask, cfg)[0], logp)
+    # d(-A r)/d logp = -A r inside; the clipped tokens (A > 0 above 1.2, A < 0 below 0.8)
+    # have none; A < 0 above the band is not clipped (PPO is pessimistic).
+    expected = torch.tensor([[-2.0 * 1.1, 0.0, 0.0, 1.0 * 1.5]], dtype=F64)
+    torch.testing.assert_close(grad, expected)
+    assert value.item() == pytest.approx(-2 * 1.1 - 2 * 1.2 + 0.8 + 1.5)
+
+
+def test_hand_gradients_gppo():
+    logp_old, logp, adv, mask, ratio = tiny_case()
+    band = Band(torch.full_like(logp, math.log(0.8)), torch.full_like(logp, math.log(1.2)))
+    clip_cfg = LossConfig(method="band_clip", agg="token-sum")
+    gppo_cfg = LossConfig(method="band_gppo", agg="token-sum", gppo_beta=0.5, gppo_beta_low=0.25)
+    clip_value = policy_loss(logp_old, logp, adv, mask, clip_cfg, band)[0]
+    value, grad = grad_of(lambda x: policy_loss(logp_old, x, adv, mask, gppo_cfg, band)[0], logp)
+    assert value.item() == pytest.approx(clip_value.item(), abs=1e-14)  # same forward value
+    # Clipped tokens keep -beta * edge * A: 0.5 * 1.2 * 2 above, 0.25 * 0.8 * (-1) below.
+    expected = torch.tensor([[-2.0 * 1.1, -0.5 * 1.2 * 2.0, 0.25 * 0.8, 1.0 * 1.5]], dtype=F64)
+    torch.testing.assert_close(grad, expected)
+
+
+def test_hand_gradients_cispo():
+    logp_old, logp, adv, mask, ratio = tiny_case()
+    cfg = LossConfig(method="cispo", eps_low=0.2, eps_high=0.28, agg="token-sum")
+    value, grad = grad_of(lambda x: policy_loss(logp_old, x, adv, mask, cfg)[0], logp)
+    weight = torch.tensor([[1.1, 1.28, 0.8, 1.28]], dtype=F64)  # clip(r, 0.8, 1.28), any sign
+    torch.testing.assert_close(grad, -adv * weight)  # every token keeps a gradient
+    torch.testing.assert_close(value, (-adv * weight * logp).sum())
+    no_lower = LossConfig(method="cispo", eps_low=1.0, eps_high=0.28, agg="token-sum")
+    _, grad = grad_of(lambda x: policy_loss(logp_old, x, adv, mask, no_lower)[0], logp)
+    assert grad[0, 2].item() == pytest.approx(1.0 * 0.6)  # the weight 0.6 is not raised to 0.8
+
+
+def test_hand_gradients_band_mask():
+    logp_old, logp, adv, mask, ratio = tiny_case()
+    band = Band(torch.full_like(logp, math.log(0.8)), torch.full_like(logp, math.log(1.2)))
+    cfg = LossConfig(method="band_mask", truncation=1.05, agg="token-sum")
+    value, grad = grad_of(lambda x: policy_loss(logp_old, x, adv, mask, cfg, band)[0], logp)
+    # Tokens 2 and 3 left the band in their advantage's direction: no gradient and no value.
+    # Token 1 keeps -A min(r, C) = -2 * 1.05; token 4 (A < 0, above) keeps -A min(1.5, C).
+    expected = torch.tensor([[-2.0 * 1.05, 0.0, 0.0, 1.0 * 1.05]], dtype=F64)
+    torch.testing.assert_close(grad, expected)
+    torch.testing.assert_close(value, (expected * logp).sum())
+    metrics = policy_loss(logp_old, logp, adv, mask, cfg, band)[1]
+    assert metrics["truncfrac"].item() == pytest.approx(0.5)  # tokens 1 and 4 hit C
+
+
+# Only where the gradient is the derivative of the value: cispo and band_mask hold their weight
+# under stop-gradient and band_gppo is straight-through, by design (their gradients are
+# checked by hand above).
+@pytest.mark.parametrize("method", ["clip", "clip_higher", "dual_clip", "dcpo", "trgppo",
+                                    "band_clip"])
+def test_gradcheck(method, monkeypatch):
+    monkeypatch.setattr(fbands, "log_bounds", fake_log_bounds([]), raising=False)
+    logp_old = torch.log(torch.tensor([[0.3, 0.05, 0.6, 0.02], [0.5, 0.2, 0.01, 0.9]], dtype=F64))
+    # Ratios kept away from every kink (0.8, 1.2, 1.28, 1 +- delta/p, DCPO edges, C, c).
+    ratio = torch.tensor([[1.1, 1.9, 0.7, 3.2], [0.85, 1.45, 0.5, 1.03]], dtype=F64)
+    logp = (logp_old + ratio.log()).requires_grad_()
+    adv = torch.tensor([[1.0, 0.5, -1.5, -0.7], [-0.3, 2.0, 1.0, -1.0]], dtype=F64)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=F64)
+    cfg = LossConfig(method=method, div="tv", agg="seq-mean-token-mean")
+    band = precompute_band(logp_old, cfg)
+    assert torch.autograd.gradcheck(
+        lambda x: policy_loss(logp_old, x, adv, mask, cfg, band)[0], (logp,))
+
+
+# --------------------------------------------------------------------------------------
+# band mask (DPPO form) with the TV band is exactly binary-TV masking
+
+
+def binary_tv_keeps(logp_old, logp, adv, delta):
+    """DPPO's rule: A > 0 keeps pi - pi_old <= delta, A < 0 keeps pi - pi_old >= -delta."""
+    diff = logp.exp() - logp_old.exp()
+    return torch.where(adv > 0, diff <= delta, diff >= -delta)
+
+
+def check_tv_mask_selection(band_for, seed, delta=0.05):
+    gen = torch.Generator().manual_seed(seed)
+    shape = (64, 64)
+    logp_old = torch.empty(shape, dtype=F64)
+    logp_old.uniform_(math.log(1e-4), math.log(0.999), generator=gen)
+    # new probabilities anywhere in (0, 1]: half near the old one, half far away
+    near = logp_old.exp() + (torch.rand(shape, generator=gen, dtype=F64) * 2 - 1) * 0.12
+    far = torch.rand(shape, generator=gen, dtype=F64)
+    pi = torch.where(torch.rand(shape, generator=gen) < 0.5, near, far).clamp(1e-6, 1.0)
+    logp = pi.log()
+    adv = torch.where(torch.rand(shape, generator=gen) < 0.5, 1.0, -1.0).to(F64)
+    mask = torch.ones(shape, dtype=F64)
+    diff = pi - logp_old.exp()
+    clear = ((diff - delta).abs() > 1e-9) & ((diff + delta).abs() > 1e-9)  # no exact ties
+    cfg = LossConfig(method="band_mask", div="tv", delta=delta, agg="token-sum")
+    _, grad = grad_of(lambda x: policy_loss(logp_old, x, adv, mask, cfg, band_for(logp_old))[0],
+                      logp)
+    kept = grad != 0
+    expected = binary_tv_keeps(logp_old, logp, adv, delta)
+    assert torch.equal(kept[clear], expected[clear])
+    assert 0.2 < expected.to(F64).mean().item() < 0.95  # both outcomes are well represented
+    assert clear.to(F64).mean().item() > 0.99
+
+
+def test_band_mask_tv_is_binary_tv_with_closed_form_band():
+    check_tv_mask_selection(lambda lp: tv_band(lp, 0.05), seed=4)
+
+
+def test_band_mask_tv_is_binary_tv_with_core_band():
+    """The same with the band from fbands.log_bounds(div="tv") (needs the core)."""
+    cfg = LossConfig(method="band_mask", div="tv", delta=0.05)
+    check_tv_mask_selection(lambda lp: precompute_band(lp, cfg), seed=5)
+
+
+# --------------------------------------------------------------------------------------
+# DCPO
+
+
+def dcpo_mp(p, eps, sign):
+    """DCPO edge 1/2 + 1/2 sqrt(max(0, 1 + sign 4 eps / p)) in 60-digit arithmetic, logged."""
+    with mpmath.workdps(60):
+        rad = 1 + sign * 4 * mpmath.mpf(eps) / p
+        return mpmath.log(mpmath.mpf(1) / 2 + mpmath.sqrt(max(rad, 0)) / 2)
+
+
+def test_dcpo_bounds_match_formula():
+    logps = [-2000.0, -745.0, -100.0, -30.0, -5.0, -1.0, -0.5, math.log(0.64), -0.1, -1e-3, -1e-9]
+    for eps_low, eps_high in [(0.16, 0.2), (0.2, 0.28), (1e-10, 1e-10)]:
+        band = dcpo_log_bounds(torch.tensor(logps, dtype=F64), eps_low, eps_high)
+        for x, lo, hi in zip(logps, band.log_lower.tolist(), band.log_upper.tolist(), strict=True):
+            p = mpmath.exp(mpmath.mpf(x))
+            want_lo, want_hi = dcpo_mp(p, eps_low, -1), dcpo_mp(p, eps_high, +1)
+            assert lo == pytest.approx(float(want_lo), rel=1e-13, abs=0), (x, eps_low)
+            assert hi == pytest.approx(float(want_hi), rel=1e-13, abs=0), (x, eps_high)
+    # the radicand is clamped: where 4 eps / p >= 1 the lower edge is exactly 1/2
+    low = dcpo_log_bounds(torch.tensor([math.log(0.1), -50.0], dtype=F64), 0.16, 0.2).log_lower
+    torch.testing.assert_close(low, torch.full((2,), math.log(0.5), dtype=F64))
+    zero = dcpo_log_bounds(torch.tensor([-1.0], dtype=F64), 0.0, 0.0)
+    assert zero.log_lower.item() == 0.0 and zero.log_upper.item() == 0.0
+
+
+def test_dcpo_loss_matches_textbook():
+    logp_old, logp, adv, mask = random_batch(6, spread=1.2)
+    p = logp_old.exp()
+    lower = 0.5 + 0.5 * torch.sqrt(torch.clamp(1 - 4 * 0.16 / p, min=0.0))
+    upper = torch.clamp(0.5 + 0.5 * torch.sqrt(1 + 4 * 0.2 / p), max=10.0)
+    cfg = preset("dcpo")
+    value, grad = grad_of(lambda x: policy_loss(logp_old, x, adv, mask, cfg)[0], logp)
+    ref_value, ref_grad = grad_of(
+        lambda x: ppo_reference(logp_old, x, adv, mask, lower, upper, dual_c=3.0), logp)
+    torch.testing.assert_close(value, ref_value, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-12)
+
+
+# --------------------------------------------------------------------------------------
+# band assembly: union (TRGPPO, relax), cap, reuse
+
+
+def test_band_assembly_with_stand_in_solver(monkeypatch):
+    calls = []
+    monkeypatch.setattr(fbands, "log_bounds", fake_log_bounds(calls), raising=False)
+    logp_old = torch.log(torch.tensor([[0.9, 0.3, 0.05, 1e-3]]))
+    raw = tv_band(logp_old, 0.05)
+    band = precompute_band(logp_old, LossConfig(method="band_clip", div="tv", delta=0.05))
+    assert calls[-1] == {"delta": 0.05, "div": "tv", "logp": True, "dtype": torch.float32}
+    torch.testing.assert_close(band.log_upper, raw.log_upper)
+    precompute_band(logp_old, LossConfig(method="band_clip", div="tv"), check=False)
+    assert calls[-1]["check"] is False
+    # TRGPPO and relax: the union with [1 - eps_low, 1 + eps_high]
+    for cfg in (LossConfig(method="trgppo", div="tv"),
+                LossConfig(method="band_clip", div="tv", relax=True)):
+        band = precompute_band(logp_old, cfg)
+        torch.testing.assert_close(band.log_lower, torch.clamp(raw.log_lower, max=math.log(0.8)))
+        torch.testing.assert_close(band.log_upper, torch.clamp(raw.log_upper, min=math.log(1.2)))
+    # the near-certain token's band [0.944, 1.11] is widened to [0.8, 1.2]
+    assert band.log_upper[0, 0].item() == pytest.approx(math.log(1.2))
+    assert band.log_lower[0, 0].item() == pytest.approx(math.log(0.8))
+    capped = precompute_band(logp_old, LossConfig(method="band_mask", div="tv", upper_bound_max=10))
+    torch.testing.assert_close(capped.log_upper, torch.clamp(raw.log_upper, max=math.log(10.0)))
+
+
+def test_band_is_reused_and_constant_for_fixed_clips():
+    logp_old, logp, adv, mask = random_batch(7)
+    for cfg in (preset("clip-higher"), preset("dcpo"), preset("cispo")):
+        band = precompute_band(logp_old, cfg)
+        assert band.log_lower.shape == logp_old.shape and band.log_upper.dtype == F64
+        with_band = policy_loss(logp_old, logp, adv, mask, cfg, band)
+        inside = policy_loss(logp_old, logp, adv, mask, cfg)
+        assert torch.equal(with_band[0], inside[0])
+    band = precompute_band(logp_old, preset("clip-higher"))
+    assert torch.all(band.log_upper == math.log1p(0.28))
+    assert torch.all(band.log_lower == math.log1p(-0.2))
+    assert torch.all(precompute_band(logp_old, preset("cispo")).log_lower == -math.inf)
+
+
+# --------------------------------------------------------------------------------------
+# aggregation
+
+
+def test_agg_modes_by_hand():
+    values = torch.tensor([[1.0, 2.0, 3.0, 9.0], [4.0, 5.0, 7.0, 7.0], [6.0, 1.0, 1.0, 1.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0]])
+    # sequence sums 6, 9, 0; token counts 3, 2, 0; 2 rows with tokens; T = 4
+    expected = {
+        "token-mean": 15 / 5,
+        "token-sum": 15.0,
+        "seq-mean-token-mean": (2.0 + 4.5) / 2,
+        "seq-mean-token-sum": 15 / 2,
+        "seq-mean-token-sum-norm": (6 / 4 + 9 / 4) / 2,
+    }
+    assert set(expected) == set(AGG_MODES)
+    for mode, want in expected.items():
+        assert agg_loss(values, mask, mode).item() == pytest.approx(want), mode
+        assert agg_loss(values, mask.bool(), mode).item() == pytest.approx(want), mode
+    assert agg_loss(values, mask, "token-mean", num_tokens=10).item() == pytest.approx(1.5)
+    assert agg_loss(values, mask, "seq-mean-token-sum", num_seqs=5).item() == pytest.approx(3.0)
+    got = agg_loss(values, mask, "seq-mean-token-sum-norm", loss_scale_factor=2.0)
+    assert got.item() == pytest.approx((3.0 + 4.5) / 2)
+
+
+def test_agg_empty_mask_and_garbage_padding():
+    values = torch.tensor([[1.0, float("nan")], [float("inf"), 2.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    for mode in AGG_MODES:
+        out = agg_loss(values, mask, mode)
+        assert torch.isfinite(out), mode
+        (grad,) = torch.autograd.grad(out, values)
+        assert torch.isfinite(grad).all() and grad[0, 1] == 0 and grad[1, 0] == 0
+        empty = agg_loss(torch.ones(2, 3), torch.zeros(2, 3), mode)
+        assert empty.item() == 0.0, mode
+    with pytest.raises(LossError, match="'mean'"):
+        agg_loss(values, mask, "mean")
+    with pytest.raises(LossError, match=r"\(2, 2\)"):
+        agg_loss(values, mask[:, :1], "token-mean")
+
+
+@pytest.mark.parametrize("mode", AGG_MODES)
+def test_policy_loss_uses_agg_mode(mode):
+    logp_old, logp, adv, mask = random_batch(8)
+    cfg = LossConfig(method="clip", agg=mode)
+    loss = policy_loss(logp_old, logp, adv, mask, cfg)[0]
+    ratio = torch.exp(logp - logp_old)
+    per_token = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
+    torch.testing.assert_close(loss, agg_loss(per_token, mask, mode))
+
+
+# --------------------------------------------------------------------------------------
+# metrics
+
+
+def test_metrics_by_hand():
+    # p_old 0.5, 0.05, 0.05, 0.5 and (masked) 0.3; ratios 1.5, 1.5, 0.9, 0.5, 9
+    logp_old = torch.log(torch.tensor([[0.5, 0.05, 0.05, 0.5, 0.3]], dtype=F64))
+    ratio = torch.tensor([[1.5, 1.5, 0.9, 0.5, 9.0]], dtype=F64)
+    logp = logp_old + ratio.log()
+    adv = torch.tensor([[1.0, 1.0, 1.0, -1.0, 1.0]], dtype=F64)
+    mask = torch.tensor([[1, 1, 1, 1, 0]], dtype=F64)
+    _, m = policy_loss(logp_old, logp, adv, mask, LossConfig(method="clip"))
+    assert set(m) == set(METRIC_KEYS)
+    r = ratio[0, :4]
+    approx = {
+        "clipfrac_upper": 2 / 4,
+        "clipfrac_lower": 1 / 4,
+        "clipfrac": 3 / 4,
+        "tail_clipfrac_upper": 1 / 2,  # tail tokens with A > 0: #2 (clipped) and #3
+        "dual_clipfrac": 0.0,
+        "truncfrac": 0.0,
+        "band_width": 0.4,
+        "approx_kl_k1": (-r.log()).mean().item(),
+        "approx_kl_k3": (r - 1 - r.log()).mean().item(),
+        "ratio_mean": r.mean().item(),
+        "ratio_max": 1.5,
+        "ratio_min": 0.5,
+    }
+    for key, want in approx.items():
+        assert m[key].item() == pytest.approx(want, rel=1e-12, abs=1e-12), key
+
+
+def forbid_host_sync(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("host sync inside the loss")
+
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__", "numpy", "cpu"):
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_returns_metrics_without_host_sync(method, monkeypatch):
+    monkeypatch.setattr(fbands, "log_bounds", fake_log_bounds([]), raising=False)
+    logp_old, logp, adv, mask = random_batch(9, dtype=torch.float32)
+    logp = logp.requires_grad_()
+    cfg = LossConfig(method=method, div="tv")
+    band = precompute_band(logp_old, cfg)
+    with monkeypatch.context() as patch:
+        forbid_host_sync(patch)
+        loss, metrics = policy_loss(logp_old, logp, adv, mask, cfg, band)
+        loss_inside, _ = policy_loss(logp_old, logp, adv, mask, cfg)
+    assert loss.dim() == 0 and loss.requires_grad and loss.dtype == torch.float32
+    assert torch.equal(loss, loss_inside)
+    assert tuple(metrics) == METRIC_KEYS
+    for key, value in metrics.items():
+        assert isinstance(value, torch.Tensor) and value.dim() == 0, key
+        assert not value.requires_grad and torch.isfinite(value), key
+    loss.backward()
+    assert torch.isfinite(logp.grad).all()
+
+
+# --------------------------------------------------------------------------------------
+# numerics: tiny probabilities, bf16, padding
+
+
+TINY_LOGPS = [math.log(x) for x in (1e-30, 1e-20, 1e-12, 1e-6, 1e-3, 0.05, 0.5, 0.99)]
+
+
+def tiny_p_batch(dtype):
+    logp_old = torch.tensor([TINY_LOGPS, TINY_LOGPS], dtype=dtype)
+    moves = torch.tensor([[60.0, 40.0, 20.0, 5.0, 2.0, 0.5, 0.3, 0.005],
+                          [-5.0, 30.0, -2.0, 10.0, -1.0, 1.0, -0.5, -0.2]], dtype=dtype)
+    logp = (logp_old + moves).clamp(max=0).requires_grad_()
+    adv = torch.tensor([1.0, -1.0])
+    return logp_old, logp, adv, torch.ones(2, len(TINY_LOGPS))
+
+
+def check_finite(logp_old, logp, adv, mask, cfg, band=None):
+    loss, metrics = policy_loss(logp_old, logp, adv, mask, cfg, band)
+    (grad,) = torch.autograd.grad(loss, logp)
+    assert torch.isfinite(loss), cfg
+    assert torch.isfinite(grad).all() and grad.dtype == logp.dtype, cfg
+    for key, value in metrics.items():
+        assert torch.isfinite(value), (cfg, key)
+    return loss, grad
+
+
+# (float16 is left out: a gradient of 1e26 / N, which a ratio of 1e26 has, does not fit in it.)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("method", METHODS)
+def test_tiny_p_low_precision_with_closed_form_band(method, dtype, monkeypatch):
+    monkeypatch.setattr(fbands, "log_bounds", fake_log_bounds([]), raising=False)
+    logp_old, logp, adv, mask = tiny_p_batch(dtype)
+    cfg = LossConfig(method=method, div="tv", delta=0.05)
+    loss, grad = check_finite(logp_old, logp, adv, mask, cfg)
+    assert loss.dtype == torch.float32
+    assert (grad != 0).any()
+
+
+def test_tiny_p_band_edge_is_compared_in_log_space():
+    # p = 1e-30: the TV band's upper edge is 1 + 0.05 / p = 5e28; r = e^60 = 1.1e26 is inside,
+    # r = e^66 = 4.6e28 inside, e^67 = 1.25e29 outside.  Only log-space comparison gets this.
+    logp_old = torch.full((1, 3), math.log(1e-30), dtype=torch.float32)
+    logp = (logp_old + torch.tensor([[60.0, 66.0, 67.0]])).requires_grad_()
+    band = tv_band(logp_old, 0.05)
+    cfg = LossConfig(method="band_clip", div="tv", agg="token-sum")
+    _, grad = check_finite(logp_old, logp, torch.ones(1), torch.ones(1, 3), cfg, band)
+    assert grad[0, 0] < 0 and grad[0, 1] < 0 and grad[0, 2] == 0
+
+
+def test_ratio_cap_keeps_absurd_inputs_finite():
+    # p_old = e^-200 is below float32's range: the ratio e^150 would overflow; it is capped.
+    logp_old = torch.tensor([[-200.0, -1.0]])
+    logp = torch.tensor([[-50.0, -1.0]], requires_grad=True)
+    for method in ("clip", "cispo", "band_mask", "dcpo"):
+        band = Band(torch.zeros(1, 2), torch.full((1, 2), 200.0))
+        check_finite(logp_old, logp, torch.tensor([-1.0]), torch.ones(1, 2),
+                     LossConfig(method=method), band)
+
+
+def test_garbage_at_masked_positions_is_ignored(monkeypatch):
+    monkeypatch.setattr(fbands, "log_bounds", fake_log_bounds([]), raising=False)
+    logp_old, logp, adv, mask = random_batch(10)
+    dirty_old = torch.where(mask > 0, logp_old, torch.full_like(logp_old, -math.inf))
+    dirty_new = torch.where(mask > 0, logp, torch.full_like(logp, float("nan"))).requires_grad_()
+    dirty_adv = torch.where(mask > 0, adv, torch.full_like(adv, float("nan")))
+    for method in METHODS:
+        cfg = LossConfig(method=method, div="tv")
+        clean = policy_loss(logp_old, logp, adv, mask, cfg)
+        dirty = policy_loss(dirty_old, dirty_new, dirty_adv, mask, cfg)
+        torch.testing.assert_close(dirty[0], clean[0])
+        for key in METRIC_KEYS:
+            torch.testing.assert_close(dirty[1][key], clean[1][key], msg=key)
+        (grad,) = torch.autograd.grad(dirty[0], dirty_new)
+        assert torch.isfinite(grad).all() and torch.all(grad[mask == 0] == 0)
+
+
+# --------------------------------------------------------------------------------------
+# input handling
+
+
+def test_advantage_shapes_broadcast():
+    logp_old, logp, _, mask = random_batch(11)
+    per_seq = torch.tensor([1.0, -0.5, 2.0, 0.3], dtype=F64)
+    cfg = LossConfig(method="clip")
+    full = policy_loss(logp_old, logp, per_seq[:, None].expand_as(logp), mask, cfg)[0]
+    assert torch.equal(policy_loss(logp_old, logp, per_seq, mask, cfg)[0], full)
+    assert torch.equal(policy_loss(logp_old, logp, per_seq[:, None], mask, cfg)[0], full)
+
+
+def test_per_token_weights_scale_the_terms():
+    logp_old, logp, adv, mask = random_batch(13)
+    weights = torch.linspace(0.5, 2.0, 24, dtype=F64).reshape(4, 6)
+    cfg = LossConfig(method="clip", agg="token-sum")
+    weighted = policy_loss(logp_old, logp, adv, mask, cfg, weights=weights)[0]
+    ratio = torch.exp(logp - logp_old)
+    per_token = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
+    torch.testing.assert_close(weighted, (per_token * weights * mask).sum())
+    with pytest.raises(LossError, match=r"weights of shape \(3,\)"):
+        policy_loss(logp_old, logp, adv, mask, cfg, weights=weights[0, :3])
+
+
+def test_bad_inputs_raise_clear_errors():
+    logp_old, logp, adv, mask = random_batch(12)
+    cfg = LossConfig(method="clip")
+    with pytest.raises(LossError, match=r"logp has shape \(4, 5\)"):
+        policy_loss(logp_old, logp[:, :5], adv, mask, cfg)
+    with pytest.raises(LossError, match=r"mask has shape"):
+        policy_loss(logp_old, logp, adv, mask[:2], cfg)
+    with pytest.raises(LossError, match=r"advantages of shape \(3,\)"):
+        policy_loss(logp_old, logp, adv[:3, 0], mask, cfg)
+    with pytest.raises(LossError, match=r"advantages of shape \(4, 6, 2\)"):
+        policy_loss(logp_old, logp, adv[..., None].expand(4, 6, 2), mask, cfg)
+    with pytest.raises(LossError, match="band edges"):
+        policy_loss(logp_old, logp, adv, mask, cfg, precompute_band(logp_old[:2], cfg))
+    with pytest.raises(LossError, match="list"):
+        policy_loss(logp_old.tolist(), logp, adv, mask, cfg)
+    with pytest.raises(LossError, match="LossConfig"):
+        policy_loss(logp_old, logp, adv, mask, {"method": "clip"})
+    with pytest.raises(LossError, match="mask has shape"):
+        precompute_band(logp_old, cfg, mask=mask[:, :2])
+
+
+# --------------------------------------------------------------------------------------
+# tests that need the core's band solver (fbands.log_bounds)
+
+
+def test_precompute_band_uses_core_log_bounds():
+    logp_old = torch.log(torch.tensor([[0.9, 0.3, 0.05, 1e-3, 1e-30]]))
+    for div in ("kl", "tv", "chi2"):
+        band = precompute_band(logp_old, LossConfig(method="band_clip", div=div, delta=0.05))
+        want = fbands.log_bounds(logp_old, 0.05, div, logp=True)
+        torch.testing.assert_close(band.log_lower, want[0])
+        torch.testing.assert_close(band.log_upper, want[1])
+    band = precompute_band(logp_old, LossConfig(method="band_clip", div="tv", delta=0.05))
+    torch.testing.assert_close(band.log_upper, tv_band(logp_old, 0.05).log_upper)
+
+
+@pytest.mark.parametrize("method", ["band_clip", "band_mask", "band_gppo", "trgppo"])
+def test_tiny_p_bf16_every_divergence(method):
+    logp_old, logp, adv, mask = tiny_p_batch(torch.bfloat16)
+    divs = [d for d in fbands.available() if d != "alpha"] + ["alpha(a=0.5)", "alpha(a=2)"]
+    for div in divs:
+        cfg = LossConfig(method=method, div=div, delta=0.05)
+        check_finite(logp_old, logp, adv, mask, cfg)
+
+
+def train_tail_token(cfg, steps=300, lr=0.02):
+    """SGD on a softmax over 5 tokens; the sampled token has p = 0.05 and advantage +1.
+
+    The band is computed once from the old policy and reused in every step, as across
+    PPO epochs; returns the final ratio pi / pi_old of the token and the band.
+    """
+    torch.manual_seed(0)
+    p_old = torch.tensor([0.05, 0.45, 0.25, 0.15, 0.10], dtype=F64)
+    logits = p_old.log().clone().requires_grad_()
+    logp_old = torch.log_softmax(logits, -1)[0].detach().reshape(1, 1)
+    band = precompute_band(logp_old, cfg)
+    opt = torch.optim.SGD([logits], lr=lr)
+    for _ in range(steps):
+        logp = torch.log_softmax(logits, -1)[0].reshape(1, 1)
+        loss, _ = policy_loss(logp_old, logp, torch.ones(1), torch.ones(1, 1), cfg, band)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    ratio = torch.exp(torch.log_softmax(logits, -1)[0] - logp_old[0, 0]).item()
+    return ratio, band
+
+
+def test_mechanism_band_kl_lets_tail_token_grow_past_ppo_clip():
+    ppo_ratio, _ = train_tail_token(preset("clip"))
+    assert 1.2 <= ppo_ratio < 1.25  # PPO stops at the fixed edge
+    band_ratio, band = train_tail_token(preset("band-kl", delta=0.05))
+    r_hi = band.log_upper.exp().item()
+    assert r_hi > 2.5  # KL band at p = 0.05, delta = 0.05: r_hi is about 3
+    assert r_hi <= band_ratio < 1.06 * r_hi  # carried past 1.2, up to the band's edge
