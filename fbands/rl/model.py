@@ -169,15 +169,21 @@ def token_logprobs(model, input_ids, attention_mask, start: int, *, temperature:
 
     Parameters
     ----------
-    model : transformers causal LM
-    input_ids, attention_mask : (B, L) tensors; prompts left-padded
-    start : first column whose token is scored (``start >= 1``)
-    temperature : the sampling temperature the log-probabilities refer to
-    chunk : tokens per float32 head evaluation
+    model : transformers.PreTrainedModel
+        A causal LM (its ``base_model`` and output embeddings are used).
+    input_ids, attention_mask : torch.Tensor
+        ``(B, L)``; prompts left-padded.
+    start : int
+        First column whose token is scored (``start >= 1``).
+    temperature : float
+        The sampling temperature the log-probabilities refer to.
+    chunk : int
+        Tokens per float32 head evaluation.
 
     Returns
     -------
-    logp, entropy : (B, L - start) float32 tensors
+    logp, entropy : torch.Tensor
+        ``(B, L - start)``, float32.
     """
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (B, L)
     body = model.base_model(input_ids=input_ids, attention_mask=attention_mask,

@@ -130,11 +130,20 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
 
     Parameters
     ----------
-    cfg : the run's :class:`~fbands.rl.config.TrainConfig` (validated here, before any work)
-    resume : continue from ``run_dir/checkpoint.pt``; the steps after that checkpoint are
-        run again exactly as the uninterrupted run would have run them
-    stop_after : stop after this many steps of this call (simulates a kill; for tests)
-    log : callable for human-readable messages (default: print to stderr)
+    cfg : TrainConfig
+        The run's options (validated here, before any work).
+    resume : bool
+        Continue from ``run_dir/checkpoint.pt``; the steps after that checkpoint are run
+        again exactly as the uninterrupted run would have run them.
+    stop_after : int, optional
+        Stop after this many steps of this call (simulates a kill; for tests).
+    log : callable, optional
+        Receives human-readable messages (default: print to stderr).
+
+    Returns
+    -------
+    dict
+        The metrics row of the last step run (empty if none was left to run).
 
     Raises
     ------
