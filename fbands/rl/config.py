@@ -231,8 +231,11 @@ class TrainConfig:
             raise ConfigError(f"config file {str(path)!r} does not exist")
         text = path.read_text()
         if path.suffix == ".toml":
-            import tomllib
-
+            try:
+                import tomllib
+            except ImportError as err:  # Python 3.10
+                raise ConfigError(f"config file {str(path)!r}: TOML needs Python >= 3.11; "
+                                  "use a .json file") from err
             data = tomllib.loads(text)
         elif path.suffix == ".json":
             data = json.loads(text)
