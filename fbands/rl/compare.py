@@ -1,0 +1,126 @@
+"""Compare runs: reward, accuracy and entropy curves in one PNG, and a summary table."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+CURVES = (("reward", "mean sampled reward"), ("accuracy", "greedy accuracy (held out)"),
+          ("p_correct", "P(rewarded answer), held out"), ("entropy", "token entropy (nats)"))
+
+
+def load_run(run_dir: str | Path) -> tuple[dict, list[dict]]:
+    """``(config, metrics rows)`` of a run folder written by :func:`fbands.rl.train.train`."""
+    run_dir = Path(run_dir)
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise ValueError(f"{str(run_dir)!r} is not a run folder (no metrics.jsonl)")
+    config_path = run_dir / "config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return config, rows
+
+
+def steps_to(rows: list[dict], key: str, target: float) -> int | None:
+    """First step whose ``key`` reaches ``target`` (None if never).
+
+    Example
+    -------
+    >>> steps_to([{"step": 1, "accuracy": 0.2}, {"step": 2, "accuracy": 0.9}], "accuracy", 0.8)
+    2
+    """
+    for row in rows:
+        if key in row and row[key] >= target:
+            return int(row["step"])
+    return None
+
+
+def summarize(rows: list[dict], target: float = 0.8) -> dict:
+    """Final reward, accuracy and entropy, mean entropy, steps to ``target`` accuracy.
+
+    ``tail_clip_up`` is the mean over steps of ``loss/tail_clipfrac_upper``: the share of
+    tokens with old probability below 0.1 and a positive advantage whose ratio was clipped
+    at the upper edge (the gradient the band is meant to keep).
+    """
+    def last(key):
+        values = [r[key] for r in rows if key in r]
+        return values[-1] if values else math.nan
+
+    def mean(key):
+        values = [r[key] for r in rows if key in r]
+        return sum(values) / len(values) if values else math.nan
+
+    return {"steps": len(rows), "final_reward": last("reward"),
+            "final_accuracy": last("accuracy"), "final_p_correct": last("p_correct"),
+            "final_entropy": last("entropy"), "mean_entropy": mean("entropy"),
+            f"steps_to_acc_{target:g}": steps_to(rows, "accuracy", target),
+            "tail_clip_up": mean("loss/tail_clipfrac_upper"),
+            "tokens_per_s": mean("tokens_per_s")}
+
+
+def format_table(names: list[str], summaries: list[dict]) -> str:
+    """A plain-text table, one line per run."""
+    keys = list(summaries[0])
+    width = max(8, *(len(n) for n in names))
+    head = f"{'run':<{width}} " + " ".join(f"{k:>16}" for k in keys)
+
+    def cell(v):
+        if v is None:
+            return f"{'never':>16}"
+        if isinstance(v, float):
+            return f"{v:>16.3f}"
+        return f"{v!s:>16}"
+
+    lines = [head, "-" * len(head)]
+    lines += [f"{n:<{width}} " + " ".join(cell(s[k]) for k in keys)
+              for n, s in zip(names, summaries, strict=True)]
+    return "\n".join(lines)
+
+
+def plot_runs(runs: dict[str, list[dict]], out: str | Path, title: str = "") -> Path:
+    """Draw the reward, accuracy, P(correct) and entropy curves of ``runs`` into ``out``.
+
+    ``runs`` maps a name to the metric rows of one run.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(4.5 * len(CURVES), 3.6))
+    for ax, (key, label) in zip(axes, CURVES, strict=True):
+        for name, rows in runs.items():
+            pts = [(r["step"], r[key]) for r in rows if key in r]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), label=name, lw=1.6)
+        ax.set_xlabel("RL step")
+        ax.set_title(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def compare(run_dirs: list[str | Path], out: str | Path, target: float = 0.8) -> str:
+    """Plot ``run_dirs`` into ``out`` and return the summary table as text.
+
+    Runs are named by their folder name (or ``loss`` from their config when folder names
+    collide).
+    """
+    runs, summaries = {}, []
+    for d in run_dirs:
+        config, rows = load_run(d)
+        name = Path(d).name
+        if name in runs:
+            name = f"{name} ({config.get('loss', '?')} seed {config.get('seed', '?')})"
+        runs[name] = rows
+        summaries.append(summarize(rows, target))
+    plot_runs(runs, out)
+    return format_table(list(runs), summaries)

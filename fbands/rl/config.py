@@ -1,0 +1,252 @@
+"""The one typed configuration of the reference trainer.
+
+Every option of ``fbands train`` is a field of :class:`TrainConfig`; a JSON or TOML file
+holds the same names.  :meth:`TrainConfig.validate` checks every value before any work
+starts and raises :class:`ConfigError` (a ``ValueError``) naming the bad field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TASKS = ("tail", "addition")
+DEVICES = ("auto", "cpu", "cuda")
+TINY_ARCHS = ("llama", "gpt2")
+
+
+#: one line of help per option (the ``fbands train --help`` text)
+HELP = {
+    "run_dir": "folder for config.json, metrics.jsonl and checkpoint.pt",
+    "seed": "RL seed: prompts, samples and minibatch order of every step derive from it",
+    "device": "auto (CUDA when available), cpu or cuda",
+    "bf16": "bf16 autocast on CUDA",
+    "threads": "torch CPU threads; 1 is fastest for the tiny model (many threads on tiny "
+               "matrices mostly wait on each other); 0: torch's default",
+    "task": f"one of {TASKS}",
+    "tail_share": "tail task: share of the rewarded answers in the warm-start data",
+    "tail_length": "tail task: letters per prompt",
+    "add_digits_min": "addition task: fewest digits per operand",
+    "add_digits_max": "addition task: most digits per operand",
+    "model": "'tiny' (built in) or a local Hugging Face model directory",
+    "tiny_arch": f"built-in model family, one of {TINY_ARCHS}",
+    "tiny_d_model": "built-in model width",
+    "tiny_layers": "built-in model layers",
+    "tiny_heads": "built-in model attention heads",
+    "warm_start_seed": "seed of the supervised warm start (shared by RL seeds)",
+    "warm_start_steps": "supervised warm-start steps (0: none); cached on disk",
+    "warm_start_lr": "warm-start learning rate",
+    "warm_start_batch": "warm-start examples per step",
+    "cache_dir": "warm-start cache ('' : $FBANDS_CACHE or ~/.cache/fbands)",
+    "steps": "RL steps (one rollout batch and its PPO epochs each)",
+    "prompts_per_step": "prompts per RL step",
+    "group_size": "samples per prompt (G)",
+    "max_new_tokens": "longest sampled answer",
+    "temperature": "sampling temperature (log-probs refer to it too)",
+    "loss": "fbands.losses preset: clip, clip-higher, dual-clip, dcpo, trgppo, cispo, "
+            "band-<div>, band-mask-<div>, band-gppo-<div>",
+    "delta": "override the preset's band radius",
+    "eps_low": "override the preset's lower clip",
+    "eps_high": "override the preset's upper clip",
+    "agg": "override the loss aggregation (token-mean, seq-mean-token-mean, ...)",
+    "lr": "Adam learning rate of the RL updates",
+    "ppo_epochs": "passes over each rollout batch",
+    "minibatches": "minibatches per pass",
+    "max_grad_norm": "gradient clipping norm",
+    "adv_std_norm": "divide advantages by the group std (--no-adv-std-norm: Dr. GRPO)",
+    "kl_coef": "weight of the k3 KL to the warm-started reference (0: no reference)",
+    "ent_coef": "weight of the entropy bonus",
+    "logprob_chunk": "tokens per float32 log-softmax chunk",
+    "eval_every": "held-out greedy evaluation every N steps (0: never)",
+    "eval_prompts": "held-out prompts",
+    "checkpoint_every": "atomic checkpoint every N steps (0: only at the end)",
+    "progress": "progress bar on stderr",
+}
+
+
+class ConfigError(ValueError):
+    """A training option has a bad value (the message names the option and the value)."""
+
+
+@dataclass
+class TrainConfig:
+    """All options of one GRPO training run.
+
+    Attributes are grouped as the loop uses them: where to write, what to train, how to
+    sample, how to update, and how often to save.  ``loss`` is a preset name of
+    :func:`fbands.losses.preset` (``"clip"``, ``"clip-higher"``, ``"band-kl"``, ...);
+    ``delta``, ``eps_low``, ``eps_high`` and ``agg``, when set, override the preset.
+
+    Example
+    -------
+    >>> cfg = TrainConfig(task="tail", loss="band-kl", steps=3)
+    >>> cfg.validate().group_size
+    8
+    """
+
+    # --- run ---------------------------------------------------------------------------
+    run_dir: str = "runs/default"
+    seed: int = 0
+    device: str = "auto"  # "auto" picks CUDA when available, else CPU
+    bf16: bool = True  # bf16 autocast on CUDA (ignored on CPU)
+    threads: int = 1  # torch CPU threads (1 suits the tiny model); 0 leaves torch's default
+    # --- task and policy ---------------------------------------------------------------
+    task: str = "tail"  # one of TASKS
+    tail_share: float = 0.06  # tail task: warm-start share of the rewarded answers
+    tail_length: int = 3  # tail task: letters per prompt
+    add_digits_min: int = 2  # addition task: operand digits
+    add_digits_max: int = 3
+    model: str = "tiny"  # "tiny" (built in) or a local Hugging Face model directory
+    tiny_arch: str = "llama"  # built-in model family, one of TINY_ARCHS
+    tiny_d_model: int = 64
+    tiny_layers: int = 2
+    tiny_heads: int = 4
+    # --- supervised warm start (cached on disk, keyed by a hash of what determines it) --
+    warm_start_seed: int = 0  # separate from seed: RL seeds share one warm start
+    warm_start_steps: int = 600
+    warm_start_lr: float = 3e-3
+    warm_start_batch: int = 64
+    cache_dir: str = ""  # "" -> $FBANDS_CACHE or ~/.cache/fbands
+    # --- rollout -----------------------------------------------------------------------
+    steps: int = 40  # RL steps (one rollout batch + its PPO epochs each)
+    prompts_per_step: int = 16
+    group_size: int = 8  # G samples per prompt
+    max_new_tokens: int = 8
+    temperature: float = 1.0
+    # --- update ------------------------------------------------------------------------
+    loss: str = "band-kl"
+    delta: float | None = None
+    eps_low: float | None = None
+    eps_high: float | None = None
+    agg: str | None = None
+    lr: float = 3e-4
+    ppo_epochs: int = 4
+    minibatches: int = 4
+    max_grad_norm: float = 1.0
+    adv_std_norm: bool = True  # divide by the group std (False: Dr. GRPO)
+    kl_coef: float = 0.0  # k3 KL to the warm-started reference policy
+    ent_coef: float = 0.0  # entropy bonus
+    logprob_chunk: int = 256  # sequence positions per float32 log-softmax chunk
+    # --- observability and robustness --------------------------------------------------
+    eval_every: int = 1  # 0 disables the held-out evaluation
+    eval_prompts: int = 32
+    checkpoint_every: int = 10  # 0 saves only at the end
+    progress: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)  # free-form notes kept in config.json
+
+    # -----------------------------------------------------------------------------------
+    def validate(self) -> TrainConfig:
+        """Check every field; return ``self`` or raise :class:`ConfigError`."""
+
+        def need(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                raise ConfigError(f"{name}={getattr(self, name)!r}: {rule}")
+
+        def positive_int(name: str, minimum: int = 1) -> None:
+            value = getattr(self, name)
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+            need(ok, name, f"must be an integer >= {minimum}")
+
+        def finite(name: str, low: float, high: float = math.inf, *, open_low=False) -> None:
+            value = getattr(self, name)
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            ok = ok and math.isfinite(value) and value <= high
+            ok = ok and (value > low if open_low else value >= low)
+            bracket = "(" if open_low else "["
+            need(ok, name, f"must be a finite number in {bracket}{low}, {high}]")
+
+        need(self.task in TASKS, "task", f"must be one of {TASKS}")
+        need(self.device in DEVICES, "device", f"must be one of {DEVICES}")
+        need(self.tiny_arch in TINY_ARCHS, "tiny_arch", f"must be one of {TINY_ARCHS}")
+        need(isinstance(self.run_dir, str) and self.run_dir != "", "run_dir", "must be a path")
+        need(isinstance(self.model, str) and self.model != "", "model", "'tiny' or a directory")
+        if self.model != "tiny":
+            need(Path(self.model).is_dir(), "model", "is not 'tiny' and not a local directory")
+        for name in ("steps", "prompts_per_step", "max_new_tokens", "ppo_epochs",
+                     "minibatches", "tiny_d_model", "tiny_layers", "tiny_heads",
+                     "warm_start_batch", "logprob_chunk", "tail_length", "add_digits_min"):
+            positive_int(name)
+        positive_int("group_size", 2)
+        for name in ("seed", "warm_start_seed", "threads", "warm_start_steps", "eval_every",
+                     "eval_prompts", "checkpoint_every"):
+            positive_int(name, 0)
+        positive_int("add_digits_max", self.add_digits_min)
+        need(self.tiny_d_model % self.tiny_heads == 0, "tiny_d_model",
+             f"must be a multiple of tiny_heads={self.tiny_heads}")
+        need(2 <= self.tail_length <= 8, "tail_length", "must be between 2 and 8")
+        need(self.add_digits_max <= 6, "add_digits_max", "must be at most 6")
+        need(self.prompts_per_step * self.group_size >= self.minibatches, "minibatches",
+             "must not exceed prompts_per_step * group_size")
+        finite("tail_share", 0.0, 0.5, open_low=True)
+        finite("temperature", 0.0, open_low=True)
+        finite("lr", 0.0, open_low=True)
+        finite("warm_start_lr", 0.0, open_low=True)
+        finite("max_grad_norm", 0.0, open_low=True)
+        finite("kl_coef", 0.0)
+        finite("ent_coef", 0.0)
+        for name in ("delta", "eps_low", "eps_high"):
+            if getattr(self, name) is not None:
+                finite(name, 0.0, open_low=True)
+        for name in ("bf16", "adv_std_norm", "progress"):
+            need(isinstance(getattr(self, name), bool), name, "must be true or false")
+        self.loss_config()  # an unknown loss name or override fails here, before any work
+        return self
+
+    def loss_config(self):
+        """The :class:`fbands.losses.LossConfig` named by ``loss`` and its overrides."""
+        from fbands.losses import preset
+
+        overrides = {k: getattr(self, k) for k in ("delta", "eps_low", "eps_high", "agg")
+                     if getattr(self, k) is not None}
+        try:
+            return preset(self.loss, **overrides)
+        except (ValueError, TypeError, KeyError) as err:
+            raise ConfigError(f"loss={self.loss!r} with {overrides}: {err}") from err
+
+    # --- (de)serialisation ---------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data copy of every field (what ``config.json`` holds)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        """Build from a mapping; unknown keys are an error (a typo must not pass silently)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError(f"unknown option(s) {unknown}; known: {sorted(names)}")
+        return cls(**data)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> TrainConfig:
+        """Read a ``.json`` or ``.toml`` file whose keys are field names."""
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        text = path.read_text()
+        if path.suffix == ".toml":
+            try:
+                import tomllib
+            except ImportError as err:  # Python 3.10
+                raise ConfigError(f"config file {str(path)!r}: TOML needs Python >= 3.11; "
+                                  "use a .json file") from err
+            data = tomllib.loads(text)
+        elif path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            raise ConfigError(f"config file {str(path)!r}: expected a .json or .toml file")
+        return cls.from_dict(data)
+
+    def warm_start_key(self) -> str:
+        """Hash of everything that determines the warm-started weights."""
+        keys = ("warm_start_seed", "task", "tail_share", "tail_length", "add_digits_min",
+                "add_digits_max", "model", "tiny_arch", "tiny_d_model", "tiny_layers", "tiny_heads",
+                "warm_start_steps", "warm_start_lr", "warm_start_batch")
+        blob = json.dumps({k: getattr(self, k) for k in keys} | {"version": 1}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]

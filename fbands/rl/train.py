@@ -1,0 +1,324 @@
+"""GRPO with any policy loss of :mod:`fbands.losses`: the reference training loop.
+
+Read :func:`train` top to bottom; it is the whole algorithm:
+
+1. validate the config, build the task and the policy, warm-start it (cached), restore a
+   checkpoint when resuming;
+2. every step: draw prompts (seeded by ``(seed, step)``: the data position *is* the step),
+   sample ``G`` answers per prompt, score them;
+3. group-normalised advantages
+   :math:`A_i = (R_i - \\operatorname{mean}_g R) / (\\operatorname{std}_g R + 10^{-6})`
+   (without the division for Dr. GRPO);
+4. old log-probabilities once per batch and the band once per batch
+   (:func:`fbands.losses.precompute_band`);
+5. ``ppo_epochs`` passes over ``minibatches`` shuffled minibatches: the policy loss, plus
+   optionally a k3 KL to the reference and an entropy bonus; Adam with gradient clipping;
+6. one line of metrics to ``metrics.jsonl``; a non-finite loss stops the run (the last good
+   checkpoint stays); an atomic checkpoint every ``checkpoint_every`` steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fbands.losses import Band, agg_loss, policy_loss, precompute_band
+from fbands.rl.config import ConfigError, TrainConfig
+from fbands.rl.model import load_policy, pad_batch, token_logprobs, warm_start
+from fbands.rl.rollout import greedy_accuracy, sample
+from fbands.rl.tasks import make_task
+
+CHECKPOINT = "checkpoint.pt"
+METRICS = "metrics.jsonl"
+CONFIG = "config.json"
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss or the gradient norm became NaN or infinite; the run stopped."""
+
+
+# --- small helpers -------------------------------------------------------------------------
+def _device(cfg: TrainConfig) -> torch.device:
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device='cuda' but torch.cuda.is_available() is False")
+    if cfg.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(cfg.device)
+
+
+def _autocast(cfg: TrainConfig, device: torch.device):
+    """A factory of the autocast context: bf16 on CUDA when ``cfg.bf16``, else nothing."""
+    if device.type == "cuda" and cfg.bf16:
+        return lambda: torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _step_seed(seed: int, step: int) -> int:
+    """A 62-bit seed for step ``step``'s sampling and shuffling (counter-based)."""
+    return int(np.random.default_rng([seed, step, 1]).integers(2**62))
+
+
+def _save_atomic(obj, path: Path) -> None:
+    """``torch.save`` to a temporary file in the same folder, then rename over ``path``."""
+    with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(f.name, path)
+
+
+def _rng_state(device: torch.device) -> dict:
+    """Global RNG states.  The loop draws from per-step generators; these cover user code."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(),  # noqa: NPY002
+             "torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_rng_state(state: dict, device: torch.device) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])  # noqa: NPY002
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _logged_step(line: str) -> float:
+    """The step of a metrics line; a line cut short by a kill counts as never written."""
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return math.inf
+
+
+#: fields that may differ between a run and its resumption
+_RESUMABLE_CHANGES = {"steps", "progress", "checkpoint_every", "threads", "device", "cache_dir"}
+
+
+@torch.no_grad()
+def _p_correct(model, codec, prompts, cfg, device, autocast) -> float:
+    """Mean probability (temperature 1) that the policy samples the rewarded answer."""
+    ids, mask, width_p = pad_batch([codec.prompt_ids(p.text) for p in prompts],
+                                   [codec.answer_ids(p.answer) for p in prompts],
+                                   codec.pad_id, device)
+    with autocast():
+        logp, _ = token_logprobs(model, ids, mask, width_p, chunk=cfg.logprob_chunk)
+    return float((logp * mask[:, width_p:]).sum(-1).exp().mean())
+
+
+# --- the loop ------------------------------------------------------------------------------
+def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = None,
+          log=None) -> dict:
+    """Run (or resume) GRPO training as configured; return the last step's metrics.
+
+    Parameters
+    ----------
+    cfg : TrainConfig
+        The run's options (validated here, before any work).
+    resume : bool
+        Continue from ``run_dir/checkpoint.pt``; the steps after that checkpoint are run
+        again exactly as the uninterrupted run would have run them.
+    stop_after : int, optional
+        Stop after this many steps of this call (simulates a kill; for tests).
+    log : callable, optional
+        Receives human-readable messages (default: print to stderr).
+
+    Returns
+    -------
+    dict
+        The metrics row of the last step run (empty if none was left to run).
+
+    Raises
+    ------
+    ConfigError
+        a bad option, a run folder that already holds a run (without ``resume``), or a
+        resumed run whose options differ from the saved ones
+    NonFiniteLossError
+        the loss or the gradient norm was NaN or infinite; ``checkpoint.pt`` still holds the
+        last good step
+    """
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    cfg.validate()
+    loss_cfg = cfg.loss_config()
+    run_dir = Path(cfg.run_dir)
+    ckpt_path, metrics_path = run_dir / CHECKPOINT, run_dir / METRICS
+    if resume and not ckpt_path.is_file():
+        raise ConfigError(f"run_dir={cfg.run_dir!r}: --resume given but no {CHECKPOINT} there")
+    if not resume and (ckpt_path.exists() or metrics_path.exists()):
+        raise ConfigError(f"run_dir={cfg.run_dir!r} already holds a run: pass --resume to "
+                          "continue it or choose another run_dir")
+    saved = None
+    if resume:  # read and check the checkpoint before the expensive set-up
+        saved = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        changed = sorted(k for k, v in saved["config"].items()
+                         if k not in _RESUMABLE_CHANGES and getattr(cfg, k) != v)
+        if changed:
+            raise ConfigError(f"resume: options {changed} differ from the saved run "
+                              f"{[saved['config'][k] for k in changed]}")
+    device = _device(cfg)
+    autocast = _autocast(cfg, device)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    # 1. task, policy (warm-started), frozen reference, optimizer ---------------------------
+    task = make_task(cfg)
+    model, codec = load_policy(cfg, task)
+    model.to(device)
+    log(warm_start(model, codec, task, cfg, device, log=log))
+    reference = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    eval_prompts = task.prompts(np.random.default_rng([cfg.warm_start_seed, 99]),
+                                cfg.eval_prompts)
+    G, start_step = cfg.group_size, 0
+    if saved is not None:
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        _set_rng_state(saved["rng"], device)
+        start_step = saved["step"]
+        lines = metrics_path.read_text().splitlines() if metrics_path.exists() else []
+        kept = [ln for ln in lines if _logged_step(ln) <= start_step]
+        metrics_path.write_text("".join(ln + "\n" for ln in kept))  # drop unsaved steps
+        log(f"resumed {cfg.run_dir} at step {start_step}")
+    else:
+        torch.manual_seed(cfg.seed)
+        (run_dir / CONFIG).write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+
+    def save_checkpoint(step: int) -> None:
+        _save_atomic({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                      "rng": _rng_state(device), "step": step,
+                      "data_position": step * cfg.prompts_per_step,
+                      "config": cfg.to_dict()}, ckpt_path)
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=cfg.steps, initial=start_step, file=sys.stderr, disable=not cfg.progress,
+               desc=f"{cfg.loss} {cfg.task}", dynamic_ncols=True)
+    last: dict = {}
+    for step in range(start_step, cfg.steps):
+        t_start = time.perf_counter()
+
+        # 2. prompts of this step, G samples each, rewards ---------------------------------
+        rng = np.random.default_rng([cfg.seed, step])
+        generator = torch.Generator(device=device).manual_seed(_step_seed(cfg.seed, step))
+        prompts = task.prompts(rng, cfg.prompts_per_step)
+        model.eval()
+        batch = sample(model, codec, [p.text for p in prompts], G, cfg.max_new_tokens,
+                       cfg.temperature, generator, device, autocast)
+        rewards = torch.tensor([task.reward(prompts[i // G], c)
+                                for i, c in enumerate(batch.completions)], device=device)
+        t_rollout = time.perf_counter()
+
+        # 3. group-normalised advantages (one per sequence) -------------------------------
+        grouped = rewards.view(-1, G)  # (prompts, G)
+        advantages = grouped - grouped.mean(dim=1, keepdim=True)
+        if cfg.adv_std_norm:
+            advantages = advantages / (grouped.std(dim=1, keepdim=True) + 1e-6)
+        advantages = advantages.reshape(-1)  # (B,)
+
+        # 4. old (and reference) log-probs once per batch; the band once per batch --------
+        ids, attn, width_p = batch.input_ids, batch.attention_mask, batch.prompt_width
+        mask = batch.response_mask  # (B, R)
+        with torch.no_grad(), autocast():
+            logp_old, entropy = token_logprobs(model, ids, attn, width_p,
+                                               temperature=cfg.temperature,
+                                               chunk=cfg.logprob_chunk)
+            logp_ref = None
+            if reference is not None:
+                logp_ref, _ = token_logprobs(reference, ids, attn, width_p,
+                                             temperature=cfg.temperature,
+                                             chunk=cfg.logprob_chunk)
+        _sync(device)  # two syncs per step so that the band's share of time is measured
+        t_band = time.perf_counter()
+        band = precompute_band(logp_old, loss_cfg, mask=mask, check=device.type == "cpu")
+        _sync(device)
+        t_band = time.perf_counter() - t_band
+
+        # 5. PPO epochs over shuffled minibatches -----------------------------------------
+        model.train()
+        per_update: list[dict[str, torch.Tensor]] = []
+        for _epoch in range(cfg.ppo_epochs):
+            order = torch.randperm(ids.shape[0], generator=generator, device=device)
+            for mb in order.chunk(cfg.minibatches):
+                with autocast():
+                    logp, ent = token_logprobs(model, ids[mb], attn[mb], width_p,
+                                               temperature=cfg.temperature,
+                                               chunk=cfg.logprob_chunk)
+                mb_band = Band(band.log_lower[mb], band.log_upper[mb])
+                pg_loss, loss_metrics = policy_loss(logp_old[mb], logp, advantages[mb],
+                                                    mask[mb], loss_cfg, mb_band)
+                loss = pg_loss
+                if cfg.ent_coef > 0:
+                    loss = loss - cfg.ent_coef * agg_loss(ent, mask[mb], loss_cfg.agg)
+                kl_ref = torch.zeros((), device=device)
+                if logp_ref is not None:
+                    log_r = logp_ref[mb] - logp
+                    kl_ref = agg_loss(log_r.exp() - log_r - 1, mask[mb], loss_cfg.agg)  # k3
+                    loss = loss + cfg.kl_coef * kl_ref
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                optimizer.step()
+                per_update.append({"loss/total": loss.detach(), "loss/pg": pg_loss.detach(),
+                                   "loss/kl_ref": kl_ref.detach(), "grad_norm": grad_norm,
+                                   **{f"loss/{k}": v for k, v in loss_metrics.items()}})
+        t_end = time.perf_counter()
+
+        # 6. metrics (the one host sync of the update), NaN check, log, checkpoint --------
+        keys = list(per_update[0])
+        stacked = torch.stack([torch.stack([u[k].float() for k in keys]) for u in per_update])
+        means = dict(zip(keys, stacked.mean(dim=0).tolist(), strict=True))  # (updates, keys)
+        if not all(math.isfinite(means[k]) for k in ("loss/total", "grad_norm")):
+            bar.close()
+            good = torch.load(ckpt_path, map_location="cpu", weights_only=False)["step"] \
+                if ckpt_path.exists() else None
+            raise NonFiniteLossError(
+                f"step {step + 1}: non-finite loss {means['loss/total']} or gradient norm "
+                f"{means['grad_norm']}; stopping. The last good checkpoint "
+                + (f"is {ckpt_path} (step {good})" if good is not None else "does not exist")
+                + "; try a lower lr and resume with --resume")
+        n_tokens = float(mask.sum())
+        row = {"step": step + 1,
+               "reward": float(rewards.mean()),
+               "entropy": float((entropy * mask).sum() / mask.sum()),
+               "response_len": n_tokens / mask.shape[0],
+               **means,
+               "tokens_per_s": n_tokens / (t_end - t_start),
+               "time/rollout_s": t_rollout - t_start,
+               "time/update_s": t_end - t_rollout,
+               "time/band_share": t_band / (t_end - t_start)}
+        if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
+            model.eval()
+            row["accuracy"] = greedy_accuracy(model, codec, task, eval_prompts,
+                                              cfg.max_new_tokens, device, autocast)
+            row["p_correct"] = _p_correct(model, codec, eval_prompts, cfg, device, autocast)
+        with metrics_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0) \
+                or step + 1 == cfg.steps:
+            save_checkpoint(step + 1)
+        bar.update(1)
+        bar.set_postfix(reward=f"{row['reward']:.2f}", acc=row.get("accuracy", float("nan")),
+                        ent=f"{row['entropy']:.2f}", refresh=False)
+        last = row
+        if stop_after is not None and step + 1 - start_step >= stop_after:
+            break
+    bar.close()
+    return last
