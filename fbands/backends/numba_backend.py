@@ -48,7 +48,9 @@ import numba  # noqa: F401  (the import error tells bands.py that this backend i
 import numpy as np
 
 from fbands import symbolic
+from fbands._solver import LP_CLOSED
 from fbands.backends import _numba_template as template
+from fbands.backends import numpy_backend
 from fbands.bands import NumpyInputs, _raise_first
 from fbands.errors import BandError
 
@@ -374,17 +376,40 @@ def _general(div, p, delta, *, logp, invalid, check, log):
     return x.finish(lo.reshape(x.shape), hi.reshape(x.shape), log=log)
 
 
+def _special(p, logp: bool):
+    """Elements the shared solver treats apart: ``p == 1`` (the limit equation) and
+    ``log p < LP_CLOSED`` (closed forms underflow; tails of f)."""
+    x = np.asarray(p, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        lp = x if logp else np.log(x)
+    return (lp == 0) | (lp < LP_CLOSED)
+
+
+def _run(div, p, delta, *, logp, invalid, check, log):
+    out = _fast(div, p, delta, logp=logp, invalid=invalid, check=check, log=log)
+    if out is None:
+        out = _general(div, p, delta, logp=logp, invalid=invalid, check=check, log=log)
+    special = _special(p, logp)
+    if not special.any():
+        return out
+    solve = numpy_backend.log_edges if log else numpy_backend.edges
+    if np.ndim(out[0]) == 0:  # a scalar: the numpy backend answers it whole
+        return solve(div, p, delta, logp=logp, invalid=invalid, check=check)
+    lo, hi = (np.array(a, copy=True) for a in out)
+    shape = lo.shape
+    special = np.broadcast_to(special, shape)
+    d = np.broadcast_to(np.asarray(delta, dtype=np.float64), shape)[special]
+    x = np.broadcast_to(np.asarray(p, dtype=np.float64), shape)[special]
+    s_lo, s_hi = solve(div, x, d, logp=logp, invalid="nan", check=False)
+    lo[special], hi[special] = s_lo, s_hi
+    return lo, hi
+
+
 def log_edges(div, p, delta, *, logp, invalid, check):
     """``(log lower, log upper)`` of the band (see :func:`fbands.log_bounds`)."""
-    out = _fast(div, p, delta, logp=logp, invalid=invalid, check=check, log=True)
-    if out is None:
-        out = _general(div, p, delta, logp=logp, invalid=invalid, check=check, log=True)
-    return out
+    return _run(div, p, delta, logp=logp, invalid=invalid, check=check, log=True)
 
 
 def edges(div, p, delta, *, logp, invalid, check):
     """``(lower, upper)`` of the band (see :func:`fbands.bounds`)."""
-    out = _fast(div, p, delta, logp=logp, invalid=invalid, check=check, log=False)
-    if out is None:
-        out = _general(div, p, delta, logp=logp, invalid=invalid, check=check, log=False)
-    return out
+    return _run(div, p, delta, logp=logp, invalid=invalid, check=check, log=False)

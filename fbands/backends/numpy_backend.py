@@ -83,7 +83,7 @@ def refine_near_saturation(div, x: Inputs, s_lo, *, from_logp: bool, digits: int
                 c = (1 - r * p) / q
                 return p * (f(r) if r > 0 else mp.mpf(div.f0)) + q * f(c)
 
-            if g(mp.mpf(0)) <= delta:
+            if g(mp.mpf(0)) <= delta * (1 + mp.mpf(10) ** (5 - digits)):  # ties: saturated
                 s_lo[i] = -np.inf
                 continue
             lo, hi = mp.mpf(0), mp.mpf(SMALL_EDGE) * 10
