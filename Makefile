@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 ALL_EXTRAS := dev,rl,docs,verl,trl
 
-.PHONY: demo test lint docs bench setup
+.PHONY: demo test docs bench bench-rl setup
 
 setup:
 	scripts/bootstrap.sh $(ALL_EXTRAS)
@@ -23,3 +23,6 @@ docs: setup
 
 bench: setup
 	$(PY) benchmarks/run.py
+
+bench-rl: setup
+	$(PY) benchmarks/rl_bench.py
