@@ -7,8 +7,9 @@ ALL_EXTRAS := dev,rl,docs,verl,trl
 setup:
 	scripts/bootstrap.sh $(ALL_EXTRAS)
 
-## The main job on its built-in default.
-demo: setup
+## The main job on its built-in default (needs only the rl extra).
+demo:
+	scripts/bootstrap.sh rl
 	$(PY) -m fbands demo
 
 ## Lint, the test suite, the docs (warnings are errors) and their doctests.
