@@ -80,11 +80,7 @@ def log_bounds(
     >>> (hi + [-1e4, -50.0]).round(6).tolist()   # log(p r): v = p r = 1 - exp(-delta)
     [-3.020628, -3.020628]
     """
-    if invalid not in _INVALID:
-        raise BandError(f"invalid must be one of {_INVALID}, got {invalid!r}")
-    d = get(div)
-    module = _backend_module(backend, p)
-    return module.log_edges(d, p, delta, logp=logp, invalid=invalid, check=check)
+    return _dispatch("log_edges", p, delta, div, backend, logp, invalid, check)
 
 
 def bounds(
@@ -154,11 +150,15 @@ def bounds(
     >>> round(lo, 4), round(hi, 4)
     (0.0025, 7.8098)
     """
+    return _dispatch("edges", p, delta, div, backend, logp, invalid, check)
+
+
+def _dispatch(method, p, delta, div, backend, logp, invalid, check):
     if invalid not in _INVALID:
         raise BandError(f"invalid must be one of {_INVALID}, got {invalid!r}")
     d = get(div)
     module = _backend_module(backend, p)
-    return module.edges(d, p, delta, logp=logp, invalid=invalid, check=check)
+    return getattr(module, method)(d, p, delta, logp=logp, invalid=invalid, check=check)
 
 
 # ----------------------------------------------------------------------------- numpy side

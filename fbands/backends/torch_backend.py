@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from fbands._solver import LP_CLOSED, Inputs, solve
+from fbands.bands import _raise_first
 from fbands.errors import BandError
 
 __all__ = ["CPU_KERNEL", "FIXED_ITER", "TorchNamespace", "compute_dtype", "log_edges", "edges"]
@@ -144,8 +145,10 @@ def _prepare(p: Any, delta: Any, *, logp: bool, invalid: str, check: bool):
         bad_d = ~(d > 0) | torch.isinf(d)
         bad = bad_p | bad_d
         if check and invalid == "raise" and bool(bad.any()):  # the one (documented) sync
-            _raise_first(bad_p, x, "log p" if logp else "p", "[-inf, 0]" if logp else "(0, 1]")
-            _raise_first(bad_d, d, "delta", "(0, inf)")
+            host = [t.cpu().numpy() for t in (bad_p, x, bad_d, d)]
+            _raise_first(host[0], host[1], "log p" if logp else "p",
+                         "[-inf, 0]" if logp else "(0, 1]")
+            _raise_first(host[2], host[3], "delta", "(0, inf)")
         x = torch.where(bad, -math.log(2.0) if logp else 0.5, x)
         d = torch.where(bad, 1.0, d)
     if logp:
@@ -159,19 +162,6 @@ def _prepare(p: Any, delta: Any, *, logp: bool, invalid: str, check: bool):
     q = torch.clamp(q, min=1e-300 if work == torch.float64 else 1e-38)
     lq = torch.log(q)
     return kind, out_dtype, Inputs(lp, lq, pp, q, d), bad
-
-
-def _raise_first(mask: torch.Tensor, values: torch.Tensor, name: str, domain: str) -> None:
-    m = mask.cpu().numpy()
-    if m.any():
-        v = values.cpu().numpy()
-        idx = np.unravel_index(int(np.argmax(m)), m.shape) if m.ndim else ()
-        where = f" at index {tuple(int(i) for i in idx)}" if m.ndim else ""
-        count = int(m.sum())
-        raise BandError(
-            f"{name} must lie in {domain}; got {float(v[idx])!r}{where}"
-            + (f" ({count} invalid elements)" if count > 1 else "")
-        )
 
 
 def _finish(kind, out_dtype, x: Inputs, bad, lo, hi, *, log: bool):
