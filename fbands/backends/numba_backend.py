@@ -379,10 +379,9 @@ def _general(div, p, delta, *, logp, invalid, check, log):
 def _special(p, logp: bool):
     """Elements the shared solver treats apart: ``p == 1`` (the limit equation) and
     ``log p < LP_CLOSED`` (closed forms underflow; tails of f)."""
-    x = np.asarray(p, dtype=np.float64)
-    with np.errstate(all="ignore"):
-        lp = x if logp else np.log(x)
-    return (lp == 0) | (lp < LP_CLOSED)
+    x = np.asarray(p)
+    one, small = (0.0, LP_CLOSED) if logp else (1.0, math.exp(LP_CLOSED))
+    return (x == one) | (x < small)
 
 
 def _run(div, p, delta, *, logp, invalid, check, log):
