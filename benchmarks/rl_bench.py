@@ -115,7 +115,7 @@ def table(task: str, agg: dict, steps: int, target: float) -> str:
     def fmt(s, digits=2):
         return "n/a" if s is None else f"{s['mean']:.{digits}f} ± {s['std']:.{digits}f}"
 
-    lines = [f"### {task}", "",
+    lines = [f"## {task}", "",
              f"| loss | reached {target:g} acc | steps to {target:g} acc (never = {steps + 1})"
              " | final acc | final P(correct) | sampled reward, first 5 -> last 5 steps"
              " | mean entropy | final entropy | s/run |",

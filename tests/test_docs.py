@@ -100,7 +100,8 @@ def test_benchmarks_page_includes_tables_and_figures(tmp_path):
     (results / "extra.png").write_bytes(b"\x89PNG fake")
     out = tmp_path / "generated"
     text = fbands_docs.write_benchmarks(results, out).read_text(encoding="utf-8")
-    assert "## Speed" in text and "#### Per backend" in text  # demoted by two levels
+    # The title becomes a level-2 section, and "## Per backend" its level-3 subsection.
+    assert "## Speed" in text and "\n### Per backend" in text
     assert "| 1 | 2 |" in text
     assert "](/_generated/benchmarks/speed.png)" in text
     assert "## Figures" in text and "/_generated/benchmarks/extra.png" in text

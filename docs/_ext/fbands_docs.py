@@ -526,9 +526,9 @@ _FIGURE_SUFFIXES = (".png", ".svg", ".jpg", ".jpeg")
 def write_benchmarks(results: Path | None = None, outdir: Path = GENERATED) -> Path:
     """Write ``benchmarks.md`` from ``benchmarks/results``; return the page's path.
 
-    Each ``*.md`` file becomes a section (its headings pushed two levels down, its relative
-    image links pointed at the copies made here); figures that no table links to are shown
-    after the tables.
+    Each ``*.md`` file becomes a section (its title a level-2 heading, its other headings one
+    level down, its relative image links pointed at the copies made here); figures that no
+    table links to are shown after the tables.
     """
     results = results if results is not None else ROOT / "benchmarks" / "results"
     figdir = outdir / "benchmarks"
@@ -570,7 +570,7 @@ def write_benchmarks(results: Path | None = None, outdir: Path = GENERATED) -> P
         title = first.group(1).strip() if first else table.stem.replace("_", " ")
         if first:
             body = body[: first.start()] + body[first.end() :]
-        body = _HEADING.sub(lambda m: "##" + m.group(1) + m.group(2), body)
+        body = _HEADING.sub(lambda m: "#" + m.group(1) + m.group(2), body)
         body = _IMAGE.sub(relink, body)
         source = f"*From `benchmarks/results/{table.name}`.*"
         lines += [f"## {title}", "", source, "", body.strip(), ""]
