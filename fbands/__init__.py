@@ -4,6 +4,7 @@ The band of a token with old probability ``p`` is the interval of ratios
 ``pi_new(a) / pi_old(a)`` that an f-divergence ball of radius ``delta`` allows.
 """
 
+from fbands.backends.cvxpy_backend import reference_band as reference_band
 from fbands.bands import BACKENDS as BACKENDS
 from fbands.bands import bounds as bounds
 from fbands.bands import log_bounds as log_bounds
@@ -13,16 +14,5 @@ from fbands.divergences import get as get
 from fbands.divergences import register as register
 from fbands.errors import BandError as BandError
 from fbands.errors import DivergenceError as DivergenceError
-
-
-def reference_band(p_old, index, delta, div="kl", *, solver=None):
-    """Band of one token by convex optimisation over the whole simplex (needs cvxpy).
-
-    See :func:`fbands.backends.cvxpy_backend.reference_band`.
-    """
-    from fbands.backends.cvxpy_backend import reference_band as solve
-
-    return solve(p_old, index, delta, div, solver=solver)
-
 
 __version__ = "0.1.0"
