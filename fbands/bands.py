@@ -188,13 +188,10 @@ class NumpyInputs:
                 f"delta of shape {d.shape} does not broadcast against p of shape {x.shape}"
             ) from err
         self.shape = x.shape
-        name = "log p" if logp else "p"
-        bad_p = np.isnan(x) | ((x > 0) if logp else ((x <= 0) | (x > 1) | np.isinf(x)))
-        bad_d = ~(d > 0) | np.isinf(d)
+        bad_p, bad_d = invalid_masks(x, d, logp, np.isnan, np.isinf)
         self.bad = bad_p | bad_d
         if check and invalid == "raise":
-            _raise_first(bad_p, x, name, "(0, 1]" if not logp else "[-inf, 0]")
-            _raise_first(bad_d, d, "delta", "(0, inf)")
+            raise_invalid(bad_p, x, bad_d, d, logp)
         with np.errstate(all="ignore"):
             x = np.where(self.bad, 0.5 if not logp else -math.log(2.0), x)
             d = np.where(self.bad, 1.0, d)
@@ -227,6 +224,21 @@ class NumpyInputs:
         if self.scalar:
             return float(lo), float(hi)
         return lo.reshape(self.shape), hi.reshape(self.shape)
+
+
+def invalid_masks(x, d, logp: bool, isnan, isinf):
+    """Element masks of invalid ``p`` (or ``log p``) and ``delta``, for numpy or torch."""
+    if logp:
+        bad_p = isnan(x) | (x > 0)
+    else:
+        bad_p = isnan(x) | (x <= 0) | (x > 1) | isinf(x)
+    return bad_p, ~(d > 0) | isinf(d)
+
+
+def raise_invalid(bad_p, x, bad_d, d, logp: bool) -> None:
+    """Raise a :class:`BandError` for the first invalid element (numpy arrays)."""
+    _raise_first(bad_p, x, "log p" if logp else "p", "[-inf, 0]" if logp else "(0, 1]")
+    _raise_first(bad_d, d, "delta", "(0, inf)")
 
 
 def _raise_first(mask: np.ndarray, values: np.ndarray, name: str, domain: str) -> None:

@@ -275,16 +275,18 @@ def _check_inputs(logp_old, logp, advantages, mask):
     given = tuple(advantages.shape)
     if advantages.dim() == logp_old.dim() - 1:
         advantages = advantages.unsqueeze(-1)  # one advantage per sequence
-    try:
-        shape = torch.broadcast_shapes(advantages.shape, logp_old.shape)
-    except RuntimeError:
-        shape = None
-    if shape != logp_old.shape:
-        raise LossError(
-            f"advantages of shape {given} do not broadcast against "
-            f"{tuple(logp_old.shape)}"
-        )
+    _check_broadcast("advantages", given, advantages.shape, logp_old.shape)
     return logp_old, logp, advantages, mask
+
+
+def _check_broadcast(name: str, given: tuple, shape, target) -> None:
+    """Raise unless ``shape`` broadcasts to exactly ``target`` (``given``: as passed in)."""
+    try:
+        result = torch.broadcast_shapes(shape, target)
+    except RuntimeError:
+        result = None
+    if result != target:
+        raise LossError(f"{name} of shape {given} do not broadcast against {tuple(target)}")
 
 
 # --------------------------------------------------------------------------------------
@@ -719,15 +721,7 @@ def policy_loss(
     per_token, upper, lower, dual, trunc = terms  # (B, T) loss and four (B, T) bool masks
     if weights is not None:
         weights = _as_tensor("weights", weights)
-        try:
-            shape = torch.broadcast_shapes(weights.shape, per_token.shape)
-        except RuntimeError:
-            shape = None
-        if shape != per_token.shape:
-            raise LossError(
-                f"weights of shape {tuple(weights.shape)} do not broadcast against "
-                f"{tuple(per_token.shape)}"
-            )
+        _check_broadcast("weights", tuple(weights.shape), weights.shape, per_token.shape)
         per_token = per_token * torch.where(valid, weights.detach().to(dtype), zero)
     loss = agg_loss(
         per_token,

@@ -51,7 +51,7 @@ from fbands import symbolic
 from fbands._solver import LP_CLOSED
 from fbands.backends import _numba_template as template
 from fbands.backends import numpy_backend
-from fbands.bands import NumpyInputs, _raise_first
+from fbands.bands import NumpyInputs, invalid_masks, raise_invalid
 from fbands.errors import BandError
 
 __all__ = ["LAYOUTS", "kernels", "table", "log_edges", "edges"]
@@ -360,8 +360,8 @@ def _fast(div, p, delta, *, logp, invalid, check, log):
     if flag.any():  # a byte per element: cheap next to the pass itself
         if check and invalid == "raise" and (flag == 2).any():
             with np.errstate(invalid="ignore"):
-                mask = np.isnan(p) | ((p > 0) if logp else ((p <= 0) | (p > 1)))
-            _raise_first(mask, p, "log p" if logp else "p", "[-inf, 0]" if logp else "(0, 1]")
+                bad_p, bad_d = invalid_masks(p, np.float64(d), logp, np.isnan, np.isinf)
+            raise_invalid(bad_p, p, bad_d, np.float64(d), logp)
         mod.exact_pass(x, bool(logp), d, bool(log), out_lo, out_hi, flag)
     return out_lo.reshape(p.shape), out_hi.reshape(p.shape)
 

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from fbands._solver import LP_CLOSED, Inputs, solve
-from fbands.bands import _raise_first
+from fbands.bands import invalid_masks, raise_invalid
 from fbands.errors import BandError
 
 __all__ = ["CPU_KERNEL", "FIXED_ITER", "TorchNamespace", "compute_dtype", "log_edges", "edges"]
@@ -138,17 +138,10 @@ def _prepare(p: Any, delta: Any, *, logp: bool, invalid: str, check: bool):
 
     bad = None
     if check or invalid == "nan":
-        if logp:
-            bad_p = torch.isnan(x) | (x > 0)
-        else:
-            bad_p = torch.isnan(x) | (x <= 0) | (x > 1) | torch.isinf(x)
-        bad_d = ~(d > 0) | torch.isinf(d)
+        bad_p, bad_d = invalid_masks(x, d, logp, torch.isnan, torch.isinf)
         bad = bad_p | bad_d
         if check and invalid == "raise" and bool(bad.any()):  # the one (documented) sync
-            host = [t.cpu().numpy() for t in (bad_p, x, bad_d, d)]
-            _raise_first(host[0], host[1], "log p" if logp else "p",
-                         "[-inf, 0]" if logp else "(0, 1]")
-            _raise_first(host[2], host[3], "delta", "(0, inf)")
+            raise_invalid(*(t.cpu().numpy() for t in (bad_p, x, bad_d, d)), logp)
         x = torch.where(bad, -math.log(2.0) if logp else 0.5, x)
         d = torch.where(bad, 1.0, d)
     if logp:
