@@ -15,18 +15,22 @@ Two paths:
   :func:`fbands._solver.solve` (closed form, or safeguarded Newton stopping per element),
   in parallel over the cores.
 * **Table** (a float32 or float64 array with one scalar ``delta``, the usual case): for each
-  ``(divergence, delta)`` a table of both log-edges is built once with the exact solver
-  and cached.  It is cut into cells in ``log p`` for ``p <= 1/2`` and in ``log(1 - p)``
-  above (both edges are smooth functions of these; near ``p = 1`` the lower edge has a
-  ``q log q`` term that a variable like ``sqrt(-log p)`` would not resolve), and on each cell
-  both log-edges are interpolated at Chebyshev nodes by polynomials (:data:`LAYOUTS`:
-  narrower cells and a lower degree for float32 outputs).  Every cell is validated
-  against the exact solver at points between the nodes; a cell that misses the tolerance,
-  or that contains a saturation threshold (the edge switching to ``r = 0`` or ``r = 1/p``),
-  is marked to be solved exactly element by element.  The pass over the data is
-  branch-free and calls no libm function (``log`` and ``exp`` are inlined polynomial
-  versions), so that it vectorises: per element, two logarithms, two table reads, two
-  polynomials and, for ratios rather than log-ratios, two exponentials.
+  ``(divergence, delta)`` a table of both edges is built once from the exact solver and
+  cached, one for ratios and one for log-ratios.  A cell is found from the bits of
+  ``z = min(p, 1 - p)`` alone: its binade and the top ``kbits`` bits of its mantissa
+  (:data:`LAYOUTS`: fewer for float32 output), so every cell spans a fixed share of its own
+  size.  Both edges are smooth functions of ``log z`` between saturation thresholds
+  (``1 - p`` keeps the ``q log q`` term near ``p = 1`` smooth), so on such a short cell a
+  degree-5 polynomial in the cell's coordinate, read exactly off the remaining mantissa
+  bits, reaches the tolerance.  Every row is validated against the exact solver between
+  its nodes; a cell that misses (a saturation threshold inside, an edge bending fast next
+  to one) takes :data:`SUBBITS` more mantissa bits to choose one of its subrows, and a
+  subrow that still misses is solved exactly, element by element, as are ``p`` below
+  ``2^-200``, ``1 - p`` below ``2^-90`` (log-probability input only) and the lower edges
+  that float64 cannot resolve next to saturation (refined in extended precision).  The
+  pass over the data has no data-dependent branch and no libm call, so it vectorises
+  (gathers for the table reads): per element two integer bit-field reads, two table
+  reads, two Horner chains of six terms, and ``1 / p`` for a saturated upper edge.
 
 Environment: ``FBANDS_CACHE_DIR`` (default ``~/.cache/fbands``) holds the generated modules
 and numba's cache next to them.
@@ -47,35 +51,40 @@ from pathlib import Path
 import numba  # noqa: F401  (the import error tells bands.py that this backend is unusable)
 import numpy as np
 
-from fbands import symbolic
+from fbands import _solver, symbolic
 from fbands._solver import LP_CLOSED
 from fbands.backends import _numba_template as template
 from fbands.backends import numpy_backend
 from fbands.bands import NumpyInputs, invalid_masks, raise_invalid
 from fbands.errors import BandError
 
-__all__ = ["LAYOUTS", "kernels", "table", "log_edges", "edges"]
+__all__ = ["LAYOUTS", "kernels", "tables", "log_edges", "edges"]
 
-#: Table layout per output precision: cell width (in log p below p = 1/2, in log(1 - p)
-#: above), polynomial degree, and the accuracy a cell must reach at its validation points
-#: (the error of a log-edge ``s`` below ``tol * max(|s|, 1e-6)`` and that of the ratio
-#: ``exp(s)`` below ``tol * max(exp(s), 1e-6)``).  float32 needs far less than float64, and
-#: a low degree means few table reads per element.
+#: Table layout per output precision: ``2^kbits`` cells per binade of ``min(p, 1 - p)``, and
+#: the accuracy a row must reach between its nodes (ratios: relative error below ``tol``;
+#: log-edges ``s``: error below ``tol * max(|s|, 1e-6)``, and small enough that ``exp(s)``
+#: keeps ``tol`` too).  A cell spans at most 1/2^kbits of its own size, so the
+#: polynomials of degree :data:`DEG` converge fast (the nearest singularity, p = 0 or
+#: p = 1, is over 2^(kbits+1) half-widths away).  ``refine``: the float64 error bound above
+#: which a lower edge next to saturation is redone in extended precision
+#: (:func:`fbands.backends.numpy_backend.refine_near_saturation`).
 LAYOUTS = {
-    "float64": {"cell": 0.25, "degree": 11, "tol": 1e-13},
-    "float32": {"cell": 1.0 / 16.0, "degree": 5, "tol": 1e-10},
+    "float64": {"kbits": 6, "tol": 1e-13, "refine": numpy_backend.REFINE_ABOVE},
+    "float32": {"kbits": 4, "tol": 1e-10, "refine": 1e-9},
 }
-#: Subcells per cell for the cells the polynomials do not resolve.
-SUBDIV = 16
-#: Lowest log(1 - p) of the cells for p > 1/2; closer to 1, the upper edge is 1 / p (the
-#: rest of the vocabulary keeps less than e^-60 of the mass) and the lower edge is that of
-#: the first cell when f'(inf) is finite (its error is O(q log q), below 1e-24); when
-#: f'(inf) is infinite it creeps to 1 like 1 / log(1 / q), and such elements are solved
-#: exactly.
-Y_MIN = -60.0
-#: The log p cells reach down to log p = -T_LOW (below every float32 probability); smaller
-#: probabilities are solved exactly.
-T_LOW = 110.0
+#: Degree of the polynomials (fixed in the generated kernel, so that its loop unrolls).
+DEG = 5
+#: Coefficients per table row, and the bits of a row's code (see the template).
+ROW, ROW_TOP, ROW_EXACT = template.ROW, template.ROW_TOP, template.ROW_EXACT
+#: Extra mantissa bits (2^SUBBITS subrows) of a cell its polynomials do not resolve (a
+#: saturation threshold inside it, an edge that bends too fast).
+SUBBITS = 6
+#: Binades of p below 1/2 in the table (p >= 2^-200, log p >= -138): smaller p are
+#: solved exactly.
+NB_LO = 200
+#: Binades of 1 - p in the table (1 - p >= 2^-90): closer to 1 only log-probability
+#: input gets, and it is solved exactly.
+NB_HI = 90
 #: How many (divergence, delta) tables are kept.
 MAX_TABLES = 64
 
@@ -135,6 +144,8 @@ def module_source(div) -> str:
             parts.append(f"\n@njit(**OPTS)\ndef closed_{edge}(lp, lq, p, q, poq, delta):\n"
                          "    return NAN, False\n")
     parts.append(template.SOLVE_ONE)
+    parts.append(f"\nROW, ROW_TOP, ROW_EXACT = {ROW}, {ROW_TOP}, {ROW_EXACT}\n")
+    parts.append(template.TABLE)
     return "".join(parts)
 
 
@@ -175,44 +186,113 @@ def kernels(div):
 
 
 class Table:
-    """Interpolation table of both log-edges of one divergence at one delta.
+    """Interpolation table of both edges of one divergence at one delta, in one mode.
 
-    ``coef[k, j, e]``: coefficient of ``u**(degree - j)`` on cell ``k`` for edge ``e``
-    (0 lower, 1 upper), interleaved so that one cell is one contiguous read.
-    ``code[k, e]``: 0 polynomial, 1 saturated, 2 solve exactly, 3 see the subcells
-    ``sub[k] ... sub[k] + SUBDIV - 1`` (rows appended after the main cells).
+    ``coef``: :data:`ROW` coefficients a row (powers 5 to 0 of ``u``, lower and upper
+    interleaved, so a row is one contiguous read); ``row_code``: :data:`ROW_TOP` (upper
+    edge at ``1 / p``) and :data:`ROW_EXACT` bits; ``cells_info[cell]``: first row << 4 |
+    extra mantissa bits (0, or :data:`SUBBITS` for a refined cell).
     """
 
-    def __init__(self, t0, n_low, inv_h, coef, code, sub):
-        self.t0, self.n_low, self.inv_h = t0, n_low, inv_h
-        self.coef, self.code, self.sub = coef, code, sub
+    def __init__(self, kbits, coef, row_code, cells_info):
+        self.kbits, self.coef, self.row_code, self.cells_info = kbits, coef, row_code, cells_info
 
     @property
     def exact_fraction(self) -> float:
-        """Share of the p-range (in cells) solved element by element."""
-        n = self.sub.size
-        bad = (self.code[:n] == 2).any(axis=1).astype(float)
-        refined = self.sub >= 0
-        if refined.any():
-            parts = (self.code[n:] == 2).any(axis=1).reshape(-1, SUBDIV).mean(axis=1)
-            bad[refined] = parts
-        return float(bad.mean())
+        """Share of the cells (refined cells counted by subrow) solved element by element."""
+        info = self.cells_info
+        sh = info & 15
+        rows = info >> 4
+        share = np.empty(info.size)
+        for k in range(info.size):
+            codes = self.row_code[rows[k] : rows[k] + (1 << sh[k])]
+            share[k] = np.mean((codes & ROW_EXACT) != 0)
+        return float(share.mean())
 
 
-def _solve_exact(mod, lp, delta):
+def _cell_points(kbits: int, nb: int, w: np.ndarray) -> np.ndarray:
+    """z at the fractions ``w`` (shape (points,) or (cells, points)) of every cell of ``nb``
+    binades: cell ``b * 2^kbits + j`` covers ``2^-(b+1) [1 + j / 2^kbits, 1 + (j+1) / 2^kbits)``."""
+    cells = 1 << kbits
+    b = np.repeat(np.arange(nb), cells)[:, None]
+    j = np.tile(np.arange(cells), nb)[:, None]
+    return np.ldexp(1.0 + (j + w) / cells, -(b + 1))
+
+
+def _solve_z(div, z: np.ndarray, high: np.ndarray, delta: float, refine: float):
+    """Exact log-edges at z = min(p, 1 - p) (``high``: z is 1 - p), keeping z exact."""
     with np.errstate(all="ignore"):
-        q = np.maximum(-np.expm1(lp), 1e-300)
-        lq, p = np.log(q), np.exp(lp)
-    lo, hi = np.empty_like(lp), np.empty_like(lp)
-    mod.solve_arrays(lp, lq, p, q, np.full_like(lp, delta), lo, hi)
-    return lo, hi
+        other = 1.0 - z
+        lz, lother = np.log(z), np.log1p(-z)
+    p, q = np.where(high, other, z), np.where(high, z, other)
+    lp, lq = np.where(high, lother, lz), np.where(high, lz, lother)
+    flat = [np.ascontiguousarray(a, dtype=np.float64).reshape(-1) for a in (lp, lq, p, q)]
+    lo, hi = np.empty_like(flat[0]), np.empty_like(flat[0])
+    d = np.full_like(flat[0], delta)
+    kernels(div).solve_arrays(*flat, d, lo, hi)
+    suspect = numpy_backend.near_saturation(div, _solver.Inputs(*flat, d), lo, refine)
+    return lo.reshape(z.shape), hi.reshape(z.shape), lp, suspect.reshape(z.shape)
 
 
-def _horner(coef: np.ndarray, u: np.ndarray) -> np.ndarray:
-    out = np.repeat(coef[:, :1], u.shape[1], axis=1)
-    for j in range(1, coef.shape[1]):
-        out = out * u + coef[:, j : j + 1]
-    return out
+class _Fitter:
+    """Chebyshev interpolation of both edges on rows of points, in both modes, validated
+    between the nodes."""
+
+    def __init__(self, tol: float):
+        m = DEG + 1
+        self.m, self.tol = m, tol
+        self.nodes = np.cos(np.pi * (np.arange(m) + 0.5) / m)[::-1]
+        self.checks = np.concatenate(([-1.0], 0.5 * (self.nodes[1:] + self.nodes[:-1]), [1.0]))
+        theta = np.pi * (np.arange(m) + 0.5) / m
+        basis = np.cos(np.outer(np.arange(m), theta))[:, ::-1] * (2.0 / m)  # T_j at the nodes
+        basis[0] /= 2.0
+        to_mono = np.zeros((m, m))  # row j: ascending monomial coefficients of T_j
+        for j in range(m):
+            c = np.polynomial.chebyshev.cheb2poly(np.eye(m)[j])
+            to_mono[j, : c.size] = c
+        self.fit_matrix = basis.T @ to_mono  # node values -> ascending monomials
+        self.check_matrix = np.vander(self.checks, m)  # highest power first
+
+    @property
+    def w(self) -> np.ndarray:
+        """Where the points of a row lie, as fractions of the row: nodes, then checks."""
+        return (np.concatenate((self.nodes, self.checks)) + 1.0) / 2.0
+
+    def _edge(self, vals, saturated, allowed):
+        """(coef highest power first, ok, all_saturated) of one edge on every row."""
+        m = self.m
+        finite = np.where(saturated[:, :m] | ~np.isfinite(vals[:, :m]), 0.0, vals[:, :m])
+        mono = (finite @ self.fit_matrix)[:, ::-1]
+        with np.errstate(invalid="ignore", over="ignore"):
+            err = np.abs(mono @ self.check_matrix.T - vals[:, m:])
+            ok = (err <= allowed(vals[:, m:])).all(axis=1)
+        good = np.isfinite(vals).all(axis=1) & ~saturated.any(axis=1) & ok
+        return mono, good, saturated.all(axis=1)
+
+    def __call__(self, s_lo, s_hi, lp, suspect):
+        """Both modes' (coef, row_code) from the exact log-edges at each row's points."""
+        tol = self.tol
+        top = (s_hi == -lp) | (np.abs(s_hi + lp) <= _allowed(s_hi, tol))
+        zero = s_lo == -math.inf
+        out = {}
+        for log in (True, False):
+            if log:
+                lo, hi = s_lo, s_hi
+                allowed = lambda v: _allowed(v, tol)  # noqa: E731
+            else:
+                with np.errstate(over="ignore"):
+                    lo, hi = np.exp(s_lo), np.exp(s_hi)
+                allowed = lambda v: tol * np.abs(v)  # noqa: E731
+            c_lo, ok_lo, sat_lo = self._edge(lo, zero, allowed)
+            c_hi, ok_hi, sat_hi = self._edge(hi, top, allowed)
+            c_lo[sat_lo] = 0.0
+            c_lo[sat_lo, -1] = -math.inf if log else 0.0
+            c_hi[sat_hi] = 0.0
+            exact = ~((ok_lo | sat_lo) & (ok_hi | sat_hi)) | suspect.any(axis=1)
+            code = np.where(sat_hi, ROW_TOP, 0) | np.where(exact, ROW_EXACT, 0)
+            coef = np.stack((c_lo, c_hi), axis=2).reshape(-1, ROW)
+            out[log] = (coef, code.astype(np.int32))
+        return out
 
 
 def _allowed(s: np.ndarray, tol: float) -> np.ndarray:
@@ -224,93 +304,60 @@ def _allowed(s: np.ndarray, tol: float) -> np.ndarray:
     return np.maximum(tol * np.minimum(np.maximum(np.abs(s), 1e-6), ratio), floor)
 
 
-def build_table(div, delta: float, layout: str = "float64") -> Table:
-    """Build and validate the table of ``div`` at ``delta`` (see the module docstring)."""
-    mod = kernels(div)
-    cell, degree, tol = (LAYOUTS[layout][k] for k in ("cell", "degree", "tol"))
-    n_low = int(round(T_LOW / cell))
-    n_high = int(math.ceil((-math.log(2.0) - Y_MIN) / cell))  # the last cell passes p = 1/2
-    t0 = -math.log(2.0) - n_low * cell
-    ncell = n_low + n_high
-    m = degree + 1
-    # Chebyshev nodes of the first kind in u, and validation points between and around them.
-    u_nodes = np.cos(np.pi * (np.arange(m) + 0.5) / m)[::-1]
-    u_check = np.concatenate(([-1.0], 0.5 * (u_nodes[1:] + u_nodes[:-1]), [1.0]))
-    w = (np.concatenate((u_nodes, u_check))[None, :] + 1.0) / 2.0
-    lp_low = t0 + cell * (np.arange(n_low)[:, None] + w)
-    lq_high = Y_MIN + cell * (np.arange(n_high)[:, None] + w)
-    lp = np.concatenate((lp_low, np.log1p(-np.exp(lq_high))))
-    fit = _Fitter(mod, float(delta), m, tol, u_check)
-    coef, code = fit(lp)
+def build_tables(div, delta: float, layout: str = "float64") -> dict[bool, Table]:
+    """Build and validate the tables of ``div`` at ``delta``: ``{log: Table}`` for log-edges
+    (``True``) and ratios (``False``); see the module docstring."""
+    kbits, tol, refine = (LAYOUTS[layout][k] for k in ("kbits", "tol", "refine"))
+    fit = _Fitter(tol)
+    w = fit.w
+    z = np.concatenate((_cell_points(kbits, NB_LO, w), _cell_points(kbits, NB_HI, w)))
+    high = np.zeros(z.shape, dtype=bool)
+    n_low = NB_LO << kbits
+    high[n_low:] = True
+    modes = fit(*_solve_z(div, z, high, delta, refine))
 
-    # Cells the polynomials do not resolve (a saturation threshold, an edge that closes in on
-    # 1 / p faster than any polynomial follows): cut each into SUBDIV subcells, appended to
-    # the table; subcells that still fail are solved exactly.
-    bad = np.nonzero((code == 2).any(axis=1))[0]
-    sub = np.full(ncell, -1, dtype=np.int32)
-    if bad.size:
-        frac = (np.arange(SUBDIV)[:, None] + w) / SUBDIV  # (SUBDIV, points) in [0, 1]
-        pos = bad[:, None, None] + frac[None]  # in cells
-        low = bad < n_low
-        lp_sub = np.where(
-            low[:, None, None],
-            t0 + cell * pos,
-            np.log1p(-np.exp(Y_MIN + cell * (pos - n_low))),
-        ).reshape(bad.size * SUBDIV, -1)
-        coef_s, code_s = fit(lp_sub)
-        sub[bad] = ncell + SUBDIV * np.arange(bad.size, dtype=np.int32)
-        code[bad] = 3
-        coef = np.ascontiguousarray(np.concatenate((coef, coef_s)))
-        code = np.ascontiguousarray(np.concatenate((code, code_s)))
-    return Table(t0, n_low, 1.0 / cell, coef, code, sub)
+    # Rows that miss: SUBBITS more mantissa bits pick one of 2^SUBBITS subrows, appended
+    # after the main rows; subrows that still miss are solved exactly.  Then the two
+    # catch-all cells (p below 2^-NB_LO, 1 - p below 2^-NB_HI): always exact.
+    nsub = 1 << SUBBITS
+    failed = np.nonzero(((modes[True][1] | modes[False][1]) & ROW_EXACT) != 0)[0]
+    frac = ((np.arange(nsub)[:, None] + w) / nsub)[None]  # (1, nsub, points)
+    c = np.where(failed < n_low, failed, failed - n_low)
+    b, j = (c >> kbits)[:, None, None], (c & ((1 << kbits) - 1))[:, None, None]
+    z_sub = np.ldexp(1.0 + (j + frac) / (1 << kbits), -(b + 1))
+    z_sub = z_sub.reshape(failed.size * nsub, -1)
+    high_sub = np.repeat(failed >= n_low, nsub)[:, None] & np.ones(z_sub.shape[1], bool)
+    sub = fit(*_solve_z(div, z_sub, high_sub, delta, refine)) if failed.size else None
 
-
-class _Fitter:
-    """Chebyshev interpolation and validation of both log-edges on rows of abscissae."""
-
-    def __init__(self, mod, delta, m, tol, u_check):
-        self.mod, self.delta, self.m, self.tol, self.u_check = mod, delta, m, tol, u_check
-        theta = np.pi * (np.arange(m) + 0.5) / m
-        self.basis = np.cos(np.outer(np.arange(m), theta))[:, ::-1]  # T_j at the nodes
-        self.to_mono = np.zeros((m, m))  # row j: ascending monomial coefficients of T_j
-        for j in range(m):
-            c = np.polynomial.chebyshev.cheb2poly(np.eye(m)[j])
-            self.to_mono[j, : c.size] = c
-
-    def __call__(self, lp: np.ndarray):
-        """lp: (cells, m nodes + m + 1 checks) -> coef (cells, m, 2), code (cells, 2)."""
-        m, tol = self.m, self.tol
-        lo, hi = _solve_exact(self.mod, lp.ravel(), self.delta)
-        lo, hi = lo.reshape(lp.shape), hi.reshape(lp.shape)
-        coefs, codes = [], []
-        for vals, saturated in ((lo, lo == -math.inf), (hi, hi == -lp)):
-            node_vals = np.where(saturated[:, :m] | ~np.isfinite(vals[:, :m]), 0.0, vals[:, :m])
-            cheb = node_vals @ self.basis.T * (2.0 / m)
-            cheb[:, 0] /= 2.0
-            mono = np.ascontiguousarray((cheb @ self.to_mono)[:, ::-1])  # highest power first
-            approx = _horner(mono, np.broadcast_to(self.u_check, (lp.shape[0], m + 1)))
-            exact = vals[:, m:]
-            with np.errstate(invalid="ignore"):
-                ok = np.abs(approx - exact) <= _allowed(exact, tol)
-                if vals is hi:  # an upper edge within rounding of 1 / p is read as 1 / p
-                    saturated = saturated | (np.abs(vals + lp) <= _allowed(vals, tol))
-            all_sat = saturated.all(axis=1)
-            any_sat = saturated.any(axis=1)
-            good = np.isfinite(vals).all(axis=1) & ~any_sat & ok.all(axis=1)
-            codes.append(np.where(all_sat, 1, np.where(good, 0, 2)).astype(np.int8))
-            coefs.append(mono)
-        return np.stack(coefs, axis=2), np.stack(codes, axis=1)
+    ncell = z.shape[0]
+    rows = np.arange(ncell, dtype=np.int64)
+    info = np.empty(ncell + 2, dtype=np.int64)
+    info[:n_low] = rows[:n_low] << 4
+    info[n_low + 1 : ncell + 1] = rows[n_low:] << 4
+    info[failed + (failed >= n_low)] = ((ncell + nsub * np.arange(failed.size)) << 4) | SUBBITS
+    catch_all = ncell + nsub * failed.size  # one exact row for both catch-all cells
+    info[n_low] = info[ncell + 1] = catch_all << 4
+    tables = {}
+    for log in (True, False):
+        coef, code = modes[log]
+        if sub is not None:
+            coef = np.concatenate((coef, sub[log][0]))
+            code = np.concatenate((code, sub[log][1]))
+        coef = np.concatenate((coef, np.zeros((1, ROW))))
+        code = np.concatenate((code, [ROW_EXACT])).astype(np.int32)
+        tables[log] = Table(kbits, np.ascontiguousarray(coef).reshape(-1), code, info)
+    return tables
 
 
-def table(div, delta: float, layout: str = "float64") -> Table:
-    """The cached table of ``div`` at ``delta``, built on first use."""
+def tables(div, delta: float, layout: str = "float64") -> dict[bool, Table]:
+    """The cached tables of ``div`` at ``delta``, built on first use."""
     key = (*_key(div), float(delta), layout)
     with _LOCK:
         found = _TABLES.get(key)
         if found is not None:
             _TABLES.move_to_end(key)
             return found
-    built = build_table(div, delta, layout)
+    built = build_tables(div, delta, layout)
     with _LOCK:
         _TABLES[key] = built
         while len(_TABLES) > MAX_TABLES:
@@ -324,11 +371,9 @@ def table(div, delta: float, layout: str = "float64") -> Table:
 def _scalar_delta(delta):
     if isinstance(delta, bool):
         return None
-    if isinstance(delta, (int, float)):
+    if isinstance(delta, (int, float, np.floating)):
         return float(delta)
     if isinstance(delta, np.ndarray) and delta.ndim == 0 and delta.dtype.kind in "fi":
-        return float(delta)
-    if isinstance(delta, np.floating):
         return float(delta)
     return None
 
@@ -347,32 +392,39 @@ def _fast(div, p, delta, *, logp, invalid, check, log):
         if check and invalid == "raise":
             raise BandError(f"delta must lie in (0, inf); got {d!r}")
         return None  # the general path gives nan everywhere
-    tab = table(div, d, "float32" if p.dtype == np.float32 else "float64")
+    tab = tables(div, d, "float32" if p.dtype == np.float32 else "float64")[bool(log)]
     mod = kernels(div)
     x = np.ascontiguousarray(p).reshape(-1)
     out_lo = np.empty(x.shape, dtype=p.dtype)
     out_hi = np.empty(x.shape, dtype=p.dtype)
     flag = np.empty(x.shape, dtype=np.uint8)
-    mod.table_pass(
-        x, bool(logp), tab.t0, tab.inv_h, tab.n_low, Y_MIN, tab.coef, tab.code, tab.sub,
-        SUBDIV, bool(log), out_lo, out_hi, flag,
-    )
-    if flag.any():  # a byte per element: cheap next to the pass itself
+    closed = LP_CLOSED if logp else math.exp(LP_CLOSED)
+    bad = mod.table_pass(x, bool(logp), bool(log), tab.coef, tab.row_code, tab.cells_info,
+                         tab.kbits, NB_LO, NB_HI, closed, out_lo, out_hi, flag)
+    if bad:
         if check and invalid == "raise" and (flag == 2).any():
             with np.errstate(invalid="ignore"):
                 bad_p, bad_d = invalid_masks(p, np.float64(d), logp, np.isnan, np.isinf)
             raise_invalid(bad_p, p, bad_d, np.float64(d), logp)
-        mod.exact_pass(x, bool(logp), d, bool(log), out_lo, out_hi, flag)
+        idx = np.flatnonzero(flag)
+        out_lo[idx], out_hi[idx] = _exact(div, x[idx], d, logp=logp, invalid="nan",
+                                          check=False, log=log)
     return out_lo.reshape(p.shape), out_hi.reshape(p.shape)
 
 
 def _general(div, p, delta, *, logp, invalid, check, log):
+    """Every element by the scalar solver (refined in extended precision where float64
+    cannot resolve a lower edge, as the numpy backend does)."""
     x = NumpyInputs(p, delta, logp=logp, invalid=invalid, check=check)
     mod = kernels(div)
     flat = [np.ascontiguousarray(a, dtype=np.float64).reshape(-1)
             for a in (x.lp, x.lq, x.p, x.q, x.delta)]
     lo, hi = np.empty_like(flat[0]), np.empty_like(flat[0])
     mod.solve_arrays(*flat, lo, hi)
+    with np.errstate(all="ignore"):
+        refine = LAYOUTS["float32" if x.dtype == np.float32 else "float64"]["refine"]
+        lo = numpy_backend.refine_near_saturation(div, _solver.Inputs(*flat), lo,
+                                                  from_logp=logp, above=refine)
     return x.finish(lo.reshape(x.shape), hi.reshape(x.shape), log=log)
 
 
@@ -384,10 +436,9 @@ def _special(p, logp: bool):
     return (x == one) | (x < small)
 
 
-def _run(div, p, delta, *, logp, invalid, check, log):
-    out = _fast(div, p, delta, logp=logp, invalid=invalid, check=check, log=log)
-    if out is None:
-        out = _general(div, p, delta, logp=logp, invalid=invalid, check=check, log=log)
+def _exact(div, p, delta, *, logp, invalid, check, log):
+    """The general path, with the special elements handed to the numpy solver."""
+    out = _general(div, p, delta, logp=logp, invalid=invalid, check=check, log=log)
     special = _special(p, logp)
     if not special.any():
         return out
@@ -402,6 +453,13 @@ def _run(div, p, delta, *, logp, invalid, check, log):
     s_lo, s_hi = solve(div, x, d, logp=logp, invalid="nan", check=False)
     lo[special], hi[special] = s_lo, s_hi
     return lo, hi
+
+
+def _run(div, p, delta, *, logp, invalid, check, log):
+    out = _fast(div, p, delta, logp=logp, invalid=invalid, check=check, log=log)
+    if out is None:
+        out = _exact(div, p, delta, logp=logp, invalid=invalid, check=check, log=log)
+    return out
 
 
 def log_edges(div, p, delta, *, logp, invalid, check):

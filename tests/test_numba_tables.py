@@ -1,0 +1,137 @@
+"""The numba tables against the numba exact solver, densely, over the whole registry.
+
+The table path (a float array with one scalar delta) reads each element's cell off the bits
+of ``min(p, 1 - p)`` and evaluates two polynomials; the exact path (per-element delta)
+solves every element.  Both share the scalar solver, so they must agree to the table's own
+tolerance everywhere: at cell boundaries, in refined cells next to saturation thresholds,
+in the catch-all cells (tiny p, p within 2^-90 of 1), for p and log p input, ratios and
+log-ratios.  The exact path itself is checked against numpy and a 60-digit reference in
+tests/test_backends.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fbands
+from fbands import divergences
+from fbands.errors import BandError
+
+from . import reference as ref
+
+pytest.importorskip("numba")
+from fbands.backends import numba_backend  # noqa: E402
+
+TRIANGULAR = fbands.register("triangular", ref.USER_F, overwrite=True)
+DIVS = list(ref.TABLE)
+del divergences._REGISTRY["triangular"]
+
+
+@pytest.fixture(autouse=True)
+def _user_divergence(_restore_registry):
+    divergences._REGISTRY["triangular"] = TRIANGULAR
+
+
+def rel_err(a, b) -> float:
+    """Largest |a - b| / |b| (no floor), with equal values (infinities, zeros) and both-nan
+    counting as 0."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        err = np.abs(a - b) / np.abs(b)
+    return float(np.max(np.where(same, 0.0, err), initial=0.0))
+
+
+def sample_p(seed: int, n: int = 4000) -> np.ndarray:
+    """p over the whole table: log-uniform below 1/2 (down past 2^-200), 1 - p log-uniform
+    above (down past float64's 2^-53), cell boundaries and a few exact powers of two."""
+    rng = np.random.default_rng(seed)
+    low = np.exp(rng.uniform(-150.0, math.log(0.5), n))
+    high = -np.expm1(-np.exp(rng.uniform(-40.0, math.log(0.5), n)))
+    edges = np.ldexp(1.0 + np.arange(64) / 64.0, -rng.integers(1, 12, 64))
+    return np.concatenate((low, high, edges, 1.0 - edges, [0.5, 1.0, 2.0 ** -1074]))
+
+
+def exact(div, x, delta, log, logp=False):
+    """The exact path on the same elements: a per-element delta skips the tables."""
+    fn = fbands.log_bounds if log else fbands.bounds
+    return fn(x, np.full(x.shape, delta), div, backend="numba", logp=logp)
+
+
+@pytest.mark.parametrize("div", DIVS)
+@settings(max_examples=3, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), delta=st.sampled_from([1e-4, 0.05, 0.7]))
+def test_float64_table_matches_the_exact_solver(div, seed, delta):
+    p = sample_p(seed)
+    for log in (False, True):
+        fn = fbands.log_bounds if log else fbands.bounds
+        got = fn(p, delta, div, backend="numba")
+        for g, r in zip(got, exact(div, p, delta, log), strict=True):
+            assert rel_err(g, r) <= 1e-12, (div, delta, log)
+
+
+@pytest.mark.parametrize("div", ["kl", "js", "alpha(a=3)", "triangular"])
+@settings(max_examples=2, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), delta=st.sampled_from([1e-3, 0.05, 0.7]))
+def test_log_probability_input_matches(div, seed, delta):
+    rng = np.random.default_rng(seed)
+    lp = np.concatenate((-np.exp(rng.uniform(-80.0, 5.5, 3000)), [0.0, -math.inf, -1e-300]))
+    for log in (False, True):
+        fn = fbands.log_bounds if log else fbands.bounds
+        got = fn(lp, delta, div, backend="numba", logp=True)
+        for g, r in zip(got, exact(div, lp, delta, log, logp=True), strict=True):
+            assert rel_err(g, r) <= 1e-12, (div, delta, log)
+
+
+@pytest.mark.parametrize("div", ["kl", "reverse_kl", "tv", "hellinger", "triangular"])
+def test_float32_table_is_within_one_ulp_of_the_rounded_exact_edge(div):
+    p = sample_p(7).astype(np.float32)
+    p = p[(p > 0) & (p < 1)]
+    for delta in (1e-3, 0.05, 0.7):
+        for log in (False, True):
+            fn = fbands.log_bounds if log else fbands.bounds
+            got = fn(p, delta, div, backend="numba")
+            ref64 = exact(div, p.astype(np.float64), delta, log)
+            for g, r in zip(got, ref64, strict=True):
+                assert g.dtype == np.float32
+                with np.errstate(over="ignore"):  # edges beyond float32 range are inf in both
+                    r32 = r.astype(np.float32)
+                ulps = np.abs(g.view(np.int32).astype(np.int64) - r32.view(np.int32))
+                same = (g == r32) | (np.isnan(g) & np.isnan(r32))
+                assert int(np.max(np.where(same, 0, ulps))) <= 1, (div, delta, log)
+
+
+def test_every_row_code_is_valid_and_the_exact_share_is_small():
+    for div in ("kl", "tv", "js"):
+        for layout in numba_backend.LAYOUTS:
+            for log, tab in numba_backend.tables(fbands.get(div), 0.05, layout).items():
+                assert tab.exact_fraction < 0.01, (div, layout, log)
+                rows = tab.coef.size // numba_backend.ROW
+                assert tab.row_code.size == rows
+                assert np.all((tab.cells_info >> 4) < rows)
+                assert np.isin(tab.cells_info & 15, [0, numba_backend.SUBBITS]).all()
+
+
+def test_invalid_elements_of_a_large_array():
+    p = np.full(10_000, 0.3)
+    p[[17, 9001]] = [np.nan, 1.5]
+    with pytest.raises(BandError, match=r"index \(17,\).*2 invalid"):
+        fbands.bounds(p, 0.05, "kl", backend="numba")
+    lo, hi = fbands.bounds(p, 0.05, "kl", backend="numba", invalid="nan")
+    assert np.isnan(lo[[17, 9001]]).all() and np.isnan(hi[[17, 9001]]).all()
+    ok = np.ones(p.size, bool)
+    ok[[17, 9001]] = False
+    assert np.all(lo[ok] == lo[0]) and np.all(hi[ok] == hi[0])
+
+
+def test_tables_are_cached_per_divergence_delta_and_layout():
+    d = fbands.get("kl")
+    a = numba_backend.tables(d, 0.05, "float32")
+    assert numba_backend.tables(d, 0.05, "float32") is a
+    assert numba_backend.tables(d, 0.05, "float64") is not a
+    assert numba_backend.tables(d, 0.06, "float32") is not a
