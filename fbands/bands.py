@@ -131,7 +131,10 @@ def bounds(
     -------
     (lower, upper)
         Of ``p``'s type, shape and dtype (Python floats for a Python float).  Computed in
-        float64 and rounded once.
+        float64 and rounded once.  Constants for autograd, unless ``p`` (or a ``delta``
+        tensor) is a tensor that requires grad: then the edges are differentiable in ``p``
+        and ``delta`` (implicit function theorem, see
+        :class:`fbands.backends.torch_backend.ImplicitEdges`).
 
     Raises
     ------

@@ -89,10 +89,65 @@ def test_zero_dim_and_non_tensor_inputs_keep_their_kind(cpu_kernel):
     assert isinstance(alo, np.ndarray) and np.allclose(ahi, [1.25, 1.1])
 
 
-def test_no_autograd_graph(cpu_kernel):
-    lp = torch.log(torch.tensor([0.1, 0.5], dtype=torch.float64)).requires_grad_()
+def test_no_autograd_graph_unless_asked(cpu_kernel):
+    lp = torch.log(torch.tensor([0.1, 0.5], dtype=torch.float64))
     lo, hi = fbands.log_bounds(lp, 0.05, "kl", logp=True)
     assert not lo.requires_grad and not hi.requires_grad and lo.grad_fn is None
+    with torch.no_grad():
+        lo, hi = fbands.log_bounds(lp.requires_grad_(), 0.05, "kl", logp=True)
+    assert lo.grad_fn is None and hi.grad_fn is None
+    lo, hi = fbands.log_bounds(lp, 0.05, "kl", logp=True)
+    assert lo.grad_fn is not None and hi.grad_fn is not None
+
+
+#: (divergence, p, delta): interior edges on both sides, and a saturated lower edge (tv,
+#: p < delta) and upper edge (kl, p close to 1).
+GRAD_POINTS = [("kl", 0.3, 0.05), ("js", 0.02, 0.3), ("tv", 0.6, 0.05), ("tv", 0.01, 0.05),
+               ("kl", 0.99, 0.05), ("chi2", 0.2, 0.7), ("hellinger", 1e-3, 0.01)]
+
+
+@pytest.mark.parametrize("div, p, delta", GRAD_POINTS)
+def test_implicit_gradients_against_60_digit_derivatives(cpu_kernel, div, p, delta):
+    """d edge / dp and d edge / d delta (of ratios, and of log-ratios from log p) against
+    numerical derivatives of the independent 60-digit bisection of tests/reference.py."""
+    import mpmath as mp
+
+    from .reference import GENERATORS, edges
+
+    f = GENERATORS[div]
+    with mp.workdps(60):
+        def edge(i, pp, dd):
+            return edges(f, pp, dd)[i]
+
+        want = {(i, wrt): mp.diff(lambda t, i=i, wrt=wrt: edge(i, t, delta) if wrt == 0
+                                  else edge(i, p, t), p if wrt == 0 else delta, h=mp.mpf(10) ** -20)
+                for i in (0, 1) for wrt in (0, 1)}
+        r = [edge(i, p, delta) for i in (0, 1)]
+    for i in (0, 1):
+        pt = torch.tensor(p, dtype=torch.float64, requires_grad=True)
+        dt = torch.tensor(delta, dtype=torch.float64, requires_grad=True)
+        gp, gd = torch.autograd.grad(fbands.bounds(pt, dt, div)[i], (pt, dt))
+        for got, key in ((gp, (i, 0)), (gd, (i, 1))):
+            assert float(got) == pytest.approx(float(want[key]), rel=1e-9, abs=1e-12), key
+        if r[i] == 0:
+            continue
+        # log-edges from log p: d log r / d log p = (p / r) dr/dp; d log r / d delta = dr/dd / r
+        lt = torch.tensor(math.log(p), dtype=torch.float64, requires_grad=True)
+        gl, gd = torch.autograd.grad(fbands.log_bounds(lt, dt, div, logp=True)[i], (lt, dt))
+        assert float(gl) == pytest.approx(float(want[(i, 0)] * p / r[i]), rel=1e-9, abs=1e-12)
+        assert float(gd) == pytest.approx(float(want[(i, 1)] / r[i]), rel=1e-9, abs=1e-12)
+
+
+def test_gradients_broadcast_and_keep_dtypes(cpu_kernel):
+    p = torch.tensor([[0.1, 0.5, 0.9]], dtype=torch.float32, requires_grad=True)
+    delta = torch.tensor([[0.05], [0.2]], dtype=torch.float32, requires_grad=True)
+    lo, hi = fbands.bounds(p, delta, "kl")
+    assert lo.shape == (2, 3) and lo.dtype == torch.float32
+    (lo.sum() + hi.sum()).backward()
+    assert p.grad.shape == p.shape and p.grad.dtype == torch.float32
+    assert delta.grad.shape == delta.shape and torch.all(delta.grad > 0)  # a wider band
+    with pytest.raises(fbands.BandError, match="gradients need p as a tensor"):
+        fbands.bounds(0.5, torch.tensor(0.1, requires_grad=True), "kl", backend="torch")
 
 
 def test_invalid_input(cpu_kernel):

@@ -14,8 +14,13 @@ the work is scheduled:
 * **Precision.**  The work is done in float64 (float32 on devices without float64, such as
   Apple's MPS) and the result is cast back to the input's dtype once, so bfloat16 and
   float16 inputs get correctly rounded edges.
-* **No autograd graph.**  The edges are computed under :func:`torch.no_grad`; they are
-  constants for the policy loss.
+* **No autograd graph unless asked.**  The edges are computed under :func:`torch.no_grad`;
+  they are constants for the policy loss.  When ``p`` or a ``delta`` tensor requires
+  grad (and grad mode is on), the edges carry gradients by the implicit function theorem
+  (:class:`ImplicitEdges`): for an edge inside the simplex ``g(p, r) = delta`` gives
+  ``dr/dp = -g_p / g_r`` and ``dr/d delta = 1 / g_r``; a saturated edge is ``1 / p`` or
+  ``0``.  Nothing is stored for it but the inputs, and the backward pass is a handful of
+  elementwise kernels.
 * **Device and shape.**  The result lives on ``p``'s device with the broadcast shape of
   ``p`` and ``delta``; ``delta`` may be a float, an array or a per-token tensor.
 * **CPU tensors** are handed to the numba backend (:mod:`fbands.backends.numba_backend`)
@@ -33,11 +38,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from fbands._solver import LP_CLOSED, Inputs, solve
+from fbands._solver import LP_CLOSED, BandFunction, Inputs, solve
 from fbands.bands import invalid_masks, raise_invalid
 from fbands.errors import BandError
 
-__all__ = ["CPU_KERNEL", "FIXED_ITER", "TorchNamespace", "compute_dtype", "log_edges", "edges"]
+__all__ = [
+    "CPU_KERNEL", "FIXED_ITER", "ImplicitEdges", "TorchNamespace", "compute_dtype", "log_edges",
+    "edges",
+]
 
 #: Newton steps per edge for divergences without a closed form.  Enough for every built-in
 #: divergence to reach full float64 accuracy from the solver's initial guess for p in
@@ -233,6 +241,83 @@ def _run_numba(module, div, p, delta, *, logp, invalid, check, log):
 
 
 def _run(div, p, delta, *, logp, invalid, check, log):
+    if torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (p, delta)
+    ):
+        if not isinstance(p, torch.Tensor):
+            raise BandError("gradients need p as a tensor (delta alone requires grad)")
+        if not isinstance(delta, torch.Tensor):
+            delta = torch.tensor(float(delta), dtype=p.dtype, device=p.device)
+        options = dict(logp=logp, invalid=invalid, check=check, log=log)
+        return ImplicitEdges.apply(p, delta, div, options)
+    return _solve(div, p, delta, logp=logp, invalid=invalid, check=check, log=log)
+
+
+class ImplicitEdges(torch.autograd.Function):
+    r"""The band edges with their derivatives in ``p`` (or ``log p``) and ``delta``.
+
+    Forward is the ordinary solve.  Backward solves the log-edges ``s`` again in float64
+    (so low-precision edges do not spoil their own derivatives) and differentiates
+    ``g(p, s) = p F(s) + q F(s_c) = delta`` implicitly, with ``g_s`` the solver's slope and
+
+    .. math::
+
+        g_p = F(s) - F(s_c) + f'(c)\,\frac{1 - r}{q}, \qquad c = \frac{1 - r p}{q},
+
+    so ``ds/dp = -g_p / g_s`` and ``ds/d\delta = 1 / g_s``.  Saturated edges: ``s = -log p``
+    (``ds/dp = -1/p``) and ``r = 0`` (zero).  Ratios get ``dr = r ds``; log-probability
+    input gets ``d/d log p = p d/dp``.
+    """
+
+    @staticmethod
+    def forward(ctx, p, delta, div, options):
+        ctx.div, ctx.options = div, options
+        ctx.save_for_backward(p, delta)
+        return _solve(div, p.detach(), delta.detach(), **options)
+
+    @staticmethod
+    def backward(ctx, grad_lo, grad_hi):
+        p, delta = ctx.saved_tensors
+        div, opt = ctx.div, ctx.options
+        work = compute_dtype(p.device)
+        with torch.no_grad():
+            x, d = torch.broadcast_tensors(p.detach().to(work), delta.detach().to(work))
+            s_lo, s_hi = _solve(div, x, d, logp=opt["logp"], invalid="nan", check=False,
+                                log=True)
+            _, _, inputs, _ = _prepare(x, d, logp=opt["logp"], invalid="nan", check=False)
+            fun = BandFunction(div, _namespace(work), inputs, kernels=_kernels(div, work))
+            grad_x = torch.zeros_like(x)
+            grad_d = torch.zeros_like(d)
+            for grad, s in ((grad_lo, s_lo), (grad_hi, s_hi)):
+                if grad is None:
+                    continue
+                ds_dp, ds_dd = _edge_derivatives(fun, inputs, s)
+                g = grad.to(work) * (1.0 if opt["log"] else torch.exp(s))  # d out / ds
+                grad_x += g * (ds_dp * inputs.p if opt["logp"] else ds_dp)
+                grad_d += g * ds_dd
+        grad_p = grad_x.to(p.dtype).sum_to_size(p.shape) if ctx.needs_input_grad[0] else None
+        grad_delta = (grad_d.to(delta.dtype).sum_to_size(delta.shape)
+                      if ctx.needs_input_grad[1] else None)
+        return grad_p, grad_delta, None, None
+
+
+def _edge_derivatives(fun: BandFunction, x: Inputs, s):
+    """``(ds/dp, ds/d delta)`` of one log-edge (see :class:`ImplicitEdges`)."""
+    top = s == -x.lp
+    zero = s == -math.inf
+    inside = ~(top | zero) & torch.isfinite(s)
+    s_in = torch.where(inside, s, torch.zeros_like(s) - 0.5)
+    _, g_s = fun.value_and_slope(s_in)
+    sc = fun.s_c(s_in)
+    r = torch.exp(s_in)
+    fprime_c = fun.dF(sc) * torch.exp(-sc)  # f'(c) = F'(s_c) / c
+    g_p = fun.F(s_in) - fun.F(sc) + fprime_c * (1.0 - r) / x.q
+    ds_dp = torch.where(inside, -g_p / g_s, torch.where(top, -1.0 / x.p, 0.0))
+    ds_dd = torch.where(inside, 1.0 / g_s, 0.0)
+    return ds_dp, ds_dd
+
+
+def _solve(div, p, delta, *, logp, invalid, check, log):
     module = _numba_for_cpu(p, delta)
     if module is not None:
         return _run_numba(module, div, p, delta, logp=logp, invalid=invalid, check=check,
