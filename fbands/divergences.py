@@ -127,7 +127,7 @@ class Divergence:
             "F_far": symbolic.compile_expr(d.F_far, (symbolic.S,)),
             "dF": symbolic.compile_expr(d.dF, (symbolic.S,)),
         }
-        for edge, cf in (("upper", d.upper), ("lower", d.lower)):
+        for edge, cf in (("upper", d.upper), ("lower", d.lower), ("lower_y", d.lower_y)):
             if cf is not None:
                 for i, c in zip((2, 1, 0), cf.coeffs, strict=True):
                     out[f"{edge}_a{i}"] = symbolic.compile_expr(

@@ -53,10 +53,11 @@ _FUNCTIONS = ("exp", "expm1", "log", "log1p", "sqrt", "sinh", "cosh", "sign", "w
 class ClosedForm:
     """Polynomial form of ``g(p, r) = delta`` for one edge.
 
-    ``coeffs`` are (a2, a1, a0) of ``a2 v**2 + a1 v + a0 = 0`` in ``v = r - 1`` (upper edge) or
-    ``v = r`` (lower edge), as expressions in ``p``, ``q``, ``delta``.  ``squared`` is True when
-    radicals were cleared by squaring, so that a root may be extraneous and must be checked
-    against ``g`` itself.
+    ``coeffs`` are (a2, a1, a0) of ``a2 v**2 + a1 v + a0 = 0`` in ``v = r - 1`` (upper edge),
+    ``v = r`` (lower edge) or ``v = 1 - r`` (lower edge, :attr:`Derivation.lower_y`: the form
+    without cancellation when the edge is near 1), as expressions in ``p``, ``q``, ``delta``.
+    ``squared`` is True when radicals were cleared by squaring, so that a root may be
+    extraneous and must be checked against ``g`` itself.
     """
 
     coeffs: tuple[sp.Expr, sp.Expr, sp.Expr]
@@ -78,6 +79,7 @@ class Derivation:
     lower: ClosedForm | None
     tail0: tuple[float, float, int, float] | None = None  # f ~ u**k (A (log u)**m + B), u -> 0
     tail_inf: tuple[float, float, int, float] | None = None  # ... as u -> inf
+    lower_y: ClosedForm | None = None  # the lower edge's polynomial in y = 1 - r
 
 
 # ----------------------------------------------------------------------------- derivation
@@ -164,7 +166,7 @@ def _closed_form(f: sp.Expr, edge: str) -> ClosedForm | None:
     if edge == "upper":  # r = 1 + y, c = 1 - p y / q
         g = P * f.subs(U, 1 + Y) + Q * f.subs(U, 1 - P * Y / Q)
         var = Y
-    else:  # r = 1 - y, c = 1 + p y / q; then y = 1 - r
+    else:  # r = 1 - y, c = 1 + p y / q; then y = 1 - r (edge "lower"), or kept ("lower_y")
         g = P * f.subs(U, 1 - Y) + Q * f.subs(U, 1 + P * Y / Q)
         var = Y
     if g.has(sp.Abs):  # with y > 0 every |.| has a known sign once expanded
@@ -248,7 +250,9 @@ def derive(f: sp.Expr, *, closed_forms: bool = True) -> Derivation:
     lower = _closed_form(f, "lower") if closed_forms else None
     tail0 = _tail(f, 0) if math.isinf(f0) else None
     tail_inf = _tail(f, sp.oo)
-    return Derivation(f, F_near, F_far, dF, f0, fpinf, fpp1, upper, lower, tail0, tail_inf)
+    lower_y = _closed_form(f, "lower_y") if lower is not None else None
+    return Derivation(f, F_near, F_far, dF, f0, fpinf, fpp1, upper, lower, tail0, tail_inf,
+                      lower_y)
 
 
 # ----------------------------------------------------------------------------- code generation

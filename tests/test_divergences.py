@@ -75,7 +75,9 @@ def test_closed_forms_exist_where_promised():
                                   "alpha(a=-1)", "alpha(a=1/2)"])
 @pytest.mark.parametrize("p, delta", [(0.3, 0.05), (0.02, 0.2), (0.9, 0.001), (1e-6, 0.5)])
 def test_closed_form_edges_agree_with_sympy(name, p, delta):
-    """sympy's own 50-digit root finder on the unsquared equation g(p, r) = delta."""
+    """sympy's own 50-digit root finder on the unsquared equation g(p, r) = delta, for the
+    numpy solver and for numba's closed-form pass (an array with one delta, which uses the
+    lower edge's forms in r and in 1 - r, and no table)."""
     d = fbands.get(name)
     P, D, r = sp.Rational(p), sp.Rational(delta), sp.Symbol("r", positive=True)
     g = P * d.f.subs(u, r) + (1 - P) * d.f.subs(u, (1 - r * P) / (1 - P))
@@ -87,6 +89,13 @@ def test_closed_form_edges_agree_with_sympy(name, p, delta):
         bracket = (e * (1 - sp.Float("1e-8")), e * (1 + sp.Float("1e-8")))
         root = sp.nsolve(g - D, r, bracket, solver="anderson", prec=50)
         assert edge == pytest.approx(float(root), rel=1e-12), (edge, top)
+    pytest.importorskip("numba")
+    from fbands.backends import numba_backend
+
+    n_lo, n_hi = fbands.bounds(np.array([p]), delta, name, backend="numba")
+    assert n_lo[0] == pytest.approx(lo, rel=1e-13) and n_hi[0] == pytest.approx(hi, rel=1e-13)
+    squared = d.derivation.upper.squared or d.derivation.lower.squared
+    assert numba_backend.has_closed_pass(d) == (not squared)
 
 
 def test_generated_code_is_free_of_cancellation_near_one():

@@ -1,4 +1,7 @@
-"""The numba tables against the numba exact solver, densely, over the whole registry.
+"""The numba fast paths against the numba exact solver, densely, over the whole registry.
+
+Ratios of p for divergences with (unsquared) closed forms take the closed-form pass; every
+other call with one scalar delta takes the tables.
 
 The table path (a float array with one scalar delta) reads each element's cell off the bits
 of ``min(p, 1 - p)`` and evaluates two polynomials; the exact path (per-element delta)

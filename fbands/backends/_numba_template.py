@@ -474,3 +474,87 @@ def table_pass(x, logp, want_log, coef, row_code, cells_info, kbits, nb_lo, nb_h
                            nb_lo, nb_hi, closed, out_lo, out_hi, flag)
     return bad
 '''
+
+CLOSED_PASS = '''
+
+# Which coefficients vanish identically, per form (a2, a1): compile-time constants, so the
+# branches of real_roots on them fold away and tv or chi2 cost one division or one sqrt.
+UPPER_ZERO = {upper_zero}
+LOWER_ZERO = {lower_zero}
+LOWER_Y_ZERO = {lower_y_zero}
+SMALL_EDGE = {small_edge!r}
+
+
+@njit(inline="always", **OPTS)
+def real_roots(a2, a1, a0, zero):
+    """The real roots of a2 v^2 + a1 v + a0 (nan where there is none; a linear equation
+    gives its root twice), and whether they are ill-conditioned (nearly equal)."""
+    # Divisions dominate the cost: each is written as a product with a reciprocal, which
+    # the compiler shares between the forms (1 / p for tv and chi2); the extra rounding is
+    # one ulp of a root, far below the band's tolerance.
+    if zero[0]:
+        v = -a0 * (1.0 / a1)
+        return v, v, False
+    if zero[1]:
+        v = sqrt(-a0 * (1.0 / a2))
+        return v, -v, False
+    disc = a1 * a1 - 4.0 * a2 * a0
+    t = -0.5 * (a1 + math.copysign(sqrt(disc), a1))
+    return t * (1.0 / a2), a0 / t, disc < 1e-2 * a1 * a1
+
+
+@njit(inline="always", **OPTS)
+def closed_block(x, start, stop, delta, p_closed, out_lo, out_hi, flag):
+    bad = 0
+    for i in range(start, stop):
+        v = np.float64(x[i])
+        valid = (v > 0.0) & (v <= 1.0)
+        p = v if valid else 0.5
+        q = 1.0 - p
+        inv = 1.0 / p
+        # Upper edge: the smallest positive root in y = r - 1; none below 1 / p: saturated.
+        u1, u2, u_close = real_roots(np.float64(upper_a2(p, q, delta)),
+                                     np.float64(upper_a1(p, q, delta)),
+                                     np.float64(upper_a0(p, q, delta)), UPPER_ZERO)
+        y = min(u1 if u1 > 0.0 else INF, u2 if u2 > 0.0 else INF)
+        hi = min(1.0 + y, inv)
+        # Lower edge near 1: the smallest root in (0, 1) of the form in y = 1 - r ...
+        l1, l2, y_close = real_roots(np.float64(lower_y_a2(p, q, delta)),
+                                     np.float64(lower_y_a1(p, q, delta)),
+                                     np.float64(lower_y_a0(p, q, delta)), LOWER_Y_ZERO)
+        yl = min(l1 if (l1 > 0.0) & (l1 < 1.0) else INF, l2 if (l2 > 0.0) & (l2 < 1.0) else INF)
+        r_y = max(1.0 - yl, 0.0)
+        # ... and near 0 the largest root below 1 of the form in r (no 1 - y cancellation).
+        m1, m2, r_close = real_roots(np.float64(lower_a2(p, q, delta)),
+                                     np.float64(lower_a1(p, q, delta)),
+                                     np.float64(lower_a0(p, q, delta)), LOWER_ZERO)
+        rl = max(m1 if m1 < 1.0 else -INF, m2 if m2 < 1.0 else -INF)
+        use_y = r_y >= 0.5
+        out_lo[i] = r_y if use_y else max(rl, 0.0)
+        out_hi[i] = hi
+        # Solve exactly: nearly equal roots, and lower edges next to saturation (they may
+        # need extended precision, and which side of 0 the root falls is in doubt).
+        # (bitwise, not a conditional expression: that one keeps the loop from vectorising)
+        doubt = u_close | (use_y & y_close) | ((not use_y) & (r_close | (abs(rl) < SMALL_EDGE)))
+        f = np.uint8(1) if doubt else np.uint8(0)
+        f = np.uint8(4) if ((v == 1.0) | (v < p_closed)) else f
+        f = f if valid else np.uint8(2)
+        flag[i] = f
+        bad += f != 0
+    return bad
+
+
+@njit(parallel=True, **OPTS)
+def closed_pass(x, delta, p_closed, out_lo, out_hi, flag):
+    """Ratio edges of a flat array of p for one scalar delta from the closed forms: no
+    table, no iteration, no data-dependent branch.  Flags as in table_pass; returns how many
+    elements carry one."""
+    n = x.size
+    nblock = (n + BLOCK - 1) // BLOCK
+    bad = 0
+    for blk in prange(nblock):
+        start = blk * BLOCK
+        stop = min(start + BLOCK, n)
+        bad += closed_block(x, start, stop, delta, p_closed, out_lo, out_hi, flag)
+    return bad
+'''

@@ -121,18 +121,21 @@ def module_source(div) -> str:
     parts = [template.HEADER.format(name=div.name, f0=div.f0, curv=curv, near=symbolic.NEAR,
                                     slow_at_one=math.isinf(div.fprime_inf))]
 
-    def fn(key: str, name: str) -> str:
-        return "@njit(**OPTS)\n" + src[key].replace("def _fn(", f"def {name}(", 1) + "\n"
+    def fn(key: str, name: str, inline: bool = False) -> str:
+        deco = '@njit(inline="always", **OPTS)' if inline else "@njit(**OPTS)"
+        return f"{deco}\n" + src[key].replace("def _fn(", f"def {name}(", 1) + "\n"
 
     parts.append(fn("F_far", "F_far"))
     near_differs = src["F_near"] != src["F_far"]
     parts.append(fn("F_near", "F_near") if near_differs else "F_near = F_far\n")
     parts.append(fn("dF", "dF"))
     d = div.derivation
-    for edge, cf in (("upper", d.upper), ("lower", d.lower)):
+    forms = {"upper": d.upper, "lower": d.lower, "lower_y": d.lower_y}
+    for edge, cf in forms.items():
         if cf is not None:
             for i in (2, 1, 0):
-                parts.append(fn(f"{edge}_a{i}", f"{edge}_a{i}"))
+                # inlined: a call would keep closed_pass's loop from vectorising
+                parts.append(fn(f"{edge}_a{i}", f"{edge}_a{i}", inline=True))
     parts.append(f"\nNEAR_DIFFERS = {near_differs}\n")
     parts.append(f"HAS_UPPER = {d.upper is not None}\nHAS_LOWER = {d.lower is not None}\n")
     parts.append(template.SOLVER)
@@ -146,7 +149,18 @@ def module_source(div) -> str:
     parts.append(template.SOLVE_ONE)
     parts.append(f"\nROW, ROW_TOP, ROW_EXACT = {ROW}, {ROW_TOP}, {ROW_EXACT}\n")
     parts.append(template.TABLE)
+    if has_closed_pass(div):
+        zero = {f"{k}_zero": (cf.coeffs[0] == 0, cf.coeffs[1] == 0) for k, cf in forms.items()}
+        parts.append(template.CLOSED_PASS.format(small_edge=numpy_backend.SMALL_EDGE, **zero))
     return "".join(parts)
+
+
+def has_closed_pass(div) -> bool:
+    """Whether ``div`` gets :func:`closed_pass`: closed forms for both edges (the lower one
+    in ``r`` and in ``1 - r``), none of them squared (no root needs checking against g)."""
+    d = div.derivation
+    forms = (d.upper, d.lower, d.lower_y)
+    return all(cf is not None and not cf.squared for cf in forms)
 
 
 def _key(div) -> tuple[str, str]:
@@ -379,7 +393,8 @@ def _scalar_delta(delta):
 
 
 def _fast(div, p, delta, *, logp, invalid, check, log):
-    """The table path, or None when the input does not qualify."""
+    """The closed-form pass (ratios of p, where :func:`has_closed_pass`) or the table path;
+    None when the input does not qualify (not a float array with one scalar delta)."""
     d = _scalar_delta(delta)
     if (
         d is None
@@ -392,15 +407,18 @@ def _fast(div, p, delta, *, logp, invalid, check, log):
         if check and invalid == "raise":
             raise BandError(f"delta must lie in (0, inf); got {d!r}")
         return None  # the general path gives nan everywhere
-    tab = tables(div, d, "float32" if p.dtype == np.float32 else "float64")[bool(log)]
     mod = kernels(div)
     x = np.ascontiguousarray(p).reshape(-1)
     out_lo = np.empty(x.shape, dtype=p.dtype)
     out_hi = np.empty(x.shape, dtype=p.dtype)
     flag = np.empty(x.shape, dtype=np.uint8)
     closed = LP_CLOSED if logp else math.exp(LP_CLOSED)
-    bad = mod.table_pass(x, bool(logp), bool(log), tab.coef, tab.row_code, tab.cells_info,
-                         tab.kbits, NB_LO, NB_HI, closed, out_lo, out_hi, flag)
+    if not (logp or log) and has_closed_pass(div):
+        bad = mod.closed_pass(x, d, closed, out_lo, out_hi, flag)
+    else:
+        tab = tables(div, d, "float32" if p.dtype == np.float32 else "float64")[bool(log)]
+        bad = mod.table_pass(x, bool(logp), bool(log), tab.coef, tab.row_code, tab.cells_info,
+                             tab.kbits, NB_LO, NB_HI, closed, out_lo, out_hi, flag)
     if bad:
         if check and invalid == "raise" and (flag == 2).any():
             with np.errstate(invalid="ignore"):
