@@ -350,11 +350,11 @@ def vexpm1(x):
 # SH more bits to pick a subrow; the remaining bits give the coordinate u in [-1, 1)
 # exactly.  Both edges are degree-5 polynomials in u (DEG fixed, so the Horner chains
 # unroll and the element loop is innermost).  No branch depends on the data (every
-# choice is a select), no libm call: the loop vectorises.  Flags: 0 done, 1 solve
-# exactly, 2 invalid, 3 the p -> 0 limit (log p = -inf), 4 p == 1 or log p below
-# LP_CLOSED (the numpy solver's special cases).  ROW, ROW_TOP and ROW_EXACT come from
-# the Python constants above, written in by the backend.
-BLOCK = 4096
+# choice is a select), no libm call: the loop vectorises.  An element the pass cannot
+# finish gets a nan lower edge and counts in its block's tally, for the caller to solve
+# exactly: rows marked exact, invalid input, log p = -inf (the p -> 0 limit), and p == 1
+# or log p below LP_CLOSED (the shared solver's special cases).  BLOCK, ROW, ROW_TOP and
+# ROW_EXACT come from the Python constants, written in by the backend.
 
 
 @njit(inline="always", **OPTS)
@@ -394,7 +394,7 @@ def horner(coef, row, u):
 
 @njit(inline="always", **OPTS)
 def block_p(x, start, stop, want_log, coef, row_code, cells_info, kbits, nb_lo, nb_hi,
-            p_closed, out_lo, out_hi, flag):
+            p_closed, out_lo, out_hi):
     off_hi = nb_lo * (np.int64(1) << kbits) + 1
     bad = 0
     for i in range(start, stop):
@@ -408,19 +408,16 @@ def block_p(x, start, stop, want_log, coef, row_code, cells_info, kbits, nb_lo, 
         lo, hi = horner(coef, row, u)
         code = row_code[row]
         top = -vlog(v) if want_log else 1.0 / v
-        out_lo[i] = lo
+        more = ((code & ROW_EXACT) != 0) | (v == 1.0) | (v < p_closed) | (not valid)
+        out_lo[i] = NAN if more else lo
         out_hi[i] = top if (code & ROW_TOP) != 0 else hi
-        f = np.uint8(1) if (code & ROW_EXACT) != 0 else np.uint8(0)
-        f = np.uint8(4) if ((v == 1.0) | (v < p_closed)) else f
-        f = f if valid else np.uint8(2)
-        flag[i] = f
-        bad += f != 0
+        bad += more
     return bad
 
 
 @njit(inline="always", **OPTS)
 def block_logp(x, start, stop, want_log, coef, row_code, cells_info, kbits, nb_lo, nb_hi,
-               lp_closed, out_lo, out_hi, flag):
+               lp_closed, out_lo, out_hi):
     off_hi = nb_lo * (np.int64(1) << kbits) + 1
     bad = 0
     for i in range(start, stop):
@@ -430,26 +427,22 @@ def block_logp(x, start, stop, want_log, coef, row_code, cells_info, kbits, nb_l
         high = lp > -LN2
         p = vexp(lp)
         z = -vexpm1(max(lp, -LN2)) if high else p
-        z = max(z, 1e-300)  # log p = -inf: any cell (flag 3 overrides)
+        z = max(z, 1e-300)  # log p = -inf: any cell (the element is solved apart)
         row, u = table_row(z, cells_info, kbits, nb_hi if high else nb_lo,
                            off_hi if high else 0)
         lo, hi = horner(coef, row, u)
         code = row_code[row]
         top = -lp if want_log else 1.0 / p
-        out_lo[i] = lo
+        more = ((code & ROW_EXACT) != 0) | (lp == 0.0) | (lp < lp_closed) | (not valid)
+        out_lo[i] = NAN if more else lo
         out_hi[i] = top if (code & ROW_TOP) != 0 else hi
-        f = np.uint8(1) if (code & ROW_EXACT) != 0 else np.uint8(0)
-        f = np.uint8(4) if ((lp == 0.0) | (lp < lp_closed)) else f
-        f = np.uint8(3) if lp == -INF else f
-        f = f if valid else np.uint8(2)
-        flag[i] = f
-        bad += f != 0
+        bad += more
     return bad
 
 
 @njit(parallel=True, **OPTS)
 def table_pass(x, logp, want_log, coef, row_code, cells_info, kbits, nb_lo, nb_hi, closed,
-               out_lo, out_hi, flag):
+               out_lo, out_hi, block_bad):
     """Band edges of a flat array for one scalar delta, from a (divergence, delta) table.
 
     ``x``: p (or log p when ``logp``); ``want_log``: write log-edges, else ratios.  Cells:
@@ -457,22 +450,35 @@ def table_pass(x, logp, want_log, coef, row_code, cells_info, kbits, nb_lo, nb_h
     1 - p and one cell for 1 - p smaller still; ``2^kbits`` cells per binade.
     ``cells_info[cell] = first_row << 4 | extra_bits``; ``coef`` holds ROW coefficients a
     row; ``row_code`` its ROW_TOP / ROW_EXACT bits.  ``closed``: p (or log p) below which
-    the shared solver's tail forms take over (flag 4).  Returns how many elements carry a
-    non-zero flag, for the caller to solve exactly.
+    the shared solver's tail forms take over.  ``block_bad[b]``: how many elements of
+    block ``b`` (BLOCK elements) are left to solve exactly (see :func:`unfinished`).
     """
     n = x.size
-    nblock = (n + BLOCK - 1) // BLOCK
-    bad = 0
-    for blk in prange(nblock):
+    for blk in prange(block_bad.size):
         start = blk * BLOCK
         stop = min(start + BLOCK, n)
         if logp:
-            bad += block_logp(x, start, stop, want_log, coef, row_code, cells_info, kbits,
-                              nb_lo, nb_hi, closed, out_lo, out_hi, flag)
+            block_bad[blk] = block_logp(x, start, stop, want_log, coef, row_code, cells_info,
+                                        kbits, nb_lo, nb_hi, closed, out_lo, out_hi)
         else:
-            bad += block_p(x, start, stop, want_log, coef, row_code, cells_info, kbits,
-                           nb_lo, nb_hi, closed, out_lo, out_hi, flag)
-    return bad
+            block_bad[blk] = block_p(x, start, stop, want_log, coef, row_code, cells_info,
+                                     kbits, nb_lo, nb_hi, closed, out_lo, out_hi)
+
+
+@njit(**OPTS)
+def unfinished(out_lo, block_bad):
+    """Indices of the elements a pass left (nan lower edge), visiting only the blocks
+    whose tally is not zero."""
+    idx = np.empty(block_bad.sum(), np.int64)
+    k = 0
+    for blk in range(block_bad.size):
+        if block_bad[blk] == 0:
+            continue
+        for i in range(blk * BLOCK, min((blk + 1) * BLOCK, out_lo.size)):
+            if out_lo[i] != out_lo[i]:
+                idx[k] = i
+                k += 1
+    return idx[:k]
 '''
 
 CLOSED_PASS = '''
@@ -504,7 +510,7 @@ def real_roots(a2, a1, a0, zero):
 
 
 @njit(inline="always", **OPTS)
-def closed_block(x, start, stop, delta, p_closed, out_lo, out_hi, flag):
+def closed_block(x, start, stop, delta, p_closed, out_lo, out_hi):
     bad = 0
     for i in range(start, stop):
         v = np.float64(x[i])
@@ -530,31 +536,25 @@ def closed_block(x, start, stop, delta, p_closed, out_lo, out_hi, flag):
                                      np.float64(lower_a0(p, q, delta)), LOWER_ZERO)
         rl = max(m1 if m1 < 1.0 else -INF, m2 if m2 < 1.0 else -INF)
         use_y = r_y >= 0.5
-        out_lo[i] = r_y if use_y else max(rl, 0.0)
-        out_hi[i] = hi
-        # Solve exactly: nearly equal roots, and lower edges next to saturation (they may
-        # need extended precision, and which side of 0 the root falls is in doubt).
-        # (bitwise, not a conditional expression: that one keeps the loop from vectorising)
+        # Left to the exact solver: nearly equal roots, lower edges next to saturation (they
+        # may need extended precision, and which side of 0 the root falls is in doubt), and
+        # the elements the table pass leaves too.  (Bitwise, not a conditional expression:
+        # that one keeps the loop from vectorising.)
         doubt = u_close | (use_y & y_close) | ((not use_y) & (r_close | (abs(rl) < SMALL_EDGE)))
-        f = np.uint8(1) if doubt else np.uint8(0)
-        f = np.uint8(4) if ((v == 1.0) | (v < p_closed)) else f
-        f = f if valid else np.uint8(2)
-        flag[i] = f
-        bad += f != 0
+        more = doubt | (v == 1.0) | (v < p_closed) | (not valid)
+        out_lo[i] = NAN if more else (r_y if use_y else max(rl, 0.0))
+        out_hi[i] = hi
+        bad += more
     return bad
 
 
 @njit(parallel=True, **OPTS)
-def closed_pass(x, delta, p_closed, out_lo, out_hi, flag):
+def closed_pass(x, delta, p_closed, out_lo, out_hi, block_bad):
     """Ratio edges of a flat array of p for one scalar delta from the closed forms: no
-    table, no iteration, no data-dependent branch.  Flags as in table_pass; returns how many
-    elements carry one."""
+    table, no iteration, no data-dependent branch.  ``block_bad`` as in table_pass."""
     n = x.size
-    nblock = (n + BLOCK - 1) // BLOCK
-    bad = 0
-    for blk in prange(nblock):
+    for blk in prange(block_bad.size):
         start = blk * BLOCK
         stop = min(start + BLOCK, n)
-        bad += closed_block(x, start, stop, delta, p_closed, out_lo, out_hi, flag)
-    return bad
+        block_bad[blk] = closed_block(x, start, stop, delta, p_closed, out_lo, out_hi)
 '''

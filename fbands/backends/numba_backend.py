@@ -31,6 +31,14 @@ Two paths:
   pass over the data has no data-dependent branch and no libm call, so it vectorises
   (gathers for the table reads): per element two integer bit-field reads, two table
   reads, two Horner chains of six terms, and ``1 / p`` for a saturated upper edge.
+* **Closed-form pass** (ratios of ``p`` with one scalar ``delta``, for divergences whose
+  closed forms needed no squaring, :func:`has_closed_pass`): the roots of the sympy
+  polynomials, chosen and clamped without a branch (see the closed-forms page of the
+  docs); no table to build.
+
+Both passes write a nan lower edge for what they leave to the exact solver and keep a
+tally per block of :data:`BLOCK` elements, so that finding those few elements afterwards
+reads only the blocks that hold one.
 
 Environment: ``FBANDS_CACHE_DIR`` (default ``~/.cache/fbands``) holds the generated modules
 and numba's cache next to them.
@@ -76,6 +84,8 @@ LAYOUTS = {
 DEG = 5
 #: Coefficients per table row, and the bits of a row's code (see the template).
 ROW, ROW_TOP, ROW_EXACT = template.ROW, template.ROW_TOP, template.ROW_EXACT
+#: Elements per block of the passes (each block keeps a tally of what it leaves unsolved).
+BLOCK = 4096
 #: Extra mantissa bits (2^SUBBITS subrows) of a cell its polynomials do not resolve (a
 #: saturation threshold inside it, an edge that bends too fast).
 SUBBITS = 6
@@ -147,7 +157,7 @@ def module_source(div) -> str:
             parts.append(f"\n@njit(**OPTS)\ndef closed_{edge}(lp, lq, p, q, poq, delta):\n"
                          "    return NAN, False\n")
     parts.append(template.SOLVE_ONE)
-    parts.append(f"\nROW, ROW_TOP, ROW_EXACT = {ROW}, {ROW_TOP}, {ROW_EXACT}\n")
+    parts.append(f"\nBLOCK, ROW, ROW_TOP, ROW_EXACT = {BLOCK}, {ROW}, {ROW_TOP}, {ROW_EXACT}\n")
     parts.append(template.TABLE)
     if has_closed_pass(div):
         zero = {f"{k}_zero": (cf.coeffs[0] == 0, cf.coeffs[1] == 0) for k, cf in forms.items()}
@@ -411,22 +421,26 @@ def _fast(div, p, delta, *, logp, invalid, check, log):
     x = np.ascontiguousarray(p).reshape(-1)
     out_lo = np.empty(x.shape, dtype=p.dtype)
     out_hi = np.empty(x.shape, dtype=p.dtype)
-    flag = np.empty(x.shape, dtype=np.uint8)
+    block_bad = np.empty(-(-x.size // BLOCK), dtype=np.int64)
     closed = LP_CLOSED if logp else math.exp(LP_CLOSED)
     if not (logp or log) and has_closed_pass(div):
-        bad = mod.closed_pass(x, d, closed, out_lo, out_hi, flag)
+        mod.closed_pass(x, d, closed, out_lo, out_hi, block_bad)
     else:
         tab = tables(div, d, "float32" if p.dtype == np.float32 else "float64")[bool(log)]
-        bad = mod.table_pass(x, bool(logp), bool(log), tab.coef, tab.row_code, tab.cells_info,
-                             tab.kbits, NB_LO, NB_HI, closed, out_lo, out_hi, flag)
-    if bad:
-        if check and invalid == "raise" and (flag == 2).any():
+        mod.table_pass(x, bool(logp), bool(log), tab.coef, tab.row_code, tab.cells_info,
+                       tab.kbits, NB_LO, NB_HI, closed, out_lo, out_hi, block_bad)
+    if block_bad.any():  # a few elements left: the exact path, on those alone
+        idx = mod.unfinished(out_lo, block_bad)
+        sub = x[idx]
+        if check and invalid == "raise":
             with np.errstate(invalid="ignore"):
-                bad_p, bad_d = invalid_masks(p, np.float64(d), logp, np.isnan, np.isinf)
-            raise_invalid(bad_p, p, bad_d, np.float64(d), logp)
-        idx = np.flatnonzero(flag)
-        out_lo[idx], out_hi[idx] = _exact(div, x[idx], d, logp=logp, invalid="nan",
-                                          check=False, log=log)
+                bad_p, _ = invalid_masks(sub, np.float64(d), logp, np.isnan, np.isinf)
+            if bad_p.any():  # report the first invalid element of the whole array
+                with np.errstate(invalid="ignore"):
+                    bad_p, bad_d = invalid_masks(p, np.float64(d), logp, np.isnan, np.isinf)
+                raise_invalid(bad_p, p, bad_d, np.float64(d), logp)
+        out_lo[idx], out_hi[idx] = _exact(div, sub, d, logp=logp, invalid="nan", check=False,
+                                          log=log)
     return out_lo.reshape(p.shape), out_hi.reshape(p.shape)
 
 
