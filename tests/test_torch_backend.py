@@ -146,6 +146,9 @@ def test_gradients_broadcast_and_keep_dtypes(cpu_kernel):
     (lo.sum() + hi.sum()).backward()
     assert p.grad.shape == p.shape and p.grad.dtype == torch.float32
     assert delta.grad.shape == delta.shape and torch.all(delta.grad > 0)  # a wider band
+    # a float radius is used as given, not rounded to float32
+    p1 = torch.linspace(0.01, 0.99, 2000, dtype=torch.float32).requires_grad_()
+    assert torch.equal(fbands.bounds(p1, 0.05, "kl")[1], fbands.bounds(p1.detach(), 0.05, "kl")[1])
     with pytest.raises(fbands.BandError, match="gradients need p as a tensor"):
         fbands.bounds(0.5, torch.tensor(0.1, requires_grad=True), "kl", backend="torch")
 

@@ -84,6 +84,7 @@ LAYOUTS = {
 DEG = 5
 #: Coefficients per table row, and the bits of a row's code (see the template).
 ROW, ROW_TOP, ROW_EXACT = template.ROW, template.ROW_TOP, template.ROW_EXACT
+assert ROW == 2 * (DEG + 1)  # the template's Horner chains are written out for DEG = 5
 #: Elements per block of the passes (each block keeps a tally of what it leaves unsolved).
 BLOCK = 4096
 #: Extra mantissa bits (2^SUBBITS subrows) of a cell its polynomials do not resolve (a

@@ -246,8 +246,8 @@ def _run(div, p, delta, *, logp, invalid, check, log):
     ):
         if not isinstance(p, torch.Tensor):
             raise BandError("gradients need p as a tensor (delta alone requires grad)")
-        if not isinstance(delta, torch.Tensor):
-            delta = torch.tensor(float(delta), dtype=p.dtype, device=p.device)
+        if not isinstance(delta, torch.Tensor):  # float64: the radius is not rounded to p's dtype
+            delta = torch.tensor(float(delta), dtype=torch.float64, device=p.device)
         options = dict(logp=logp, invalid=invalid, check=check, log=log)
         return ImplicitEdges.apply(p, delta, div, options)
     return _solve(div, p, delta, logp=logp, invalid=invalid, check=check, log=log)
