@@ -160,9 +160,11 @@ def cases(quick: bool):
             for dtype in ("float32", "float64"):
                 if quick and (div != "kl" and dtype == "float64"):
                     continue
-                for backend in ("numba", "torch", "torch-native", "numpy"):
+                for backend in ("numba", "torch", "torch-table", "torch-native", "numpy"):
                     if backend == "torch-native" and size != "32k":
                         continue  # about a minute per million tokens on 2 CPU cores
+                    if backend == "torch-table" and size == "16M":
+                        continue
                     if backend == "numpy" and (size == "16M" or (
                             size == "1M" and (div != "kl" or dtype != "float32"))):
                         continue
@@ -205,10 +207,11 @@ def run(quick: bool) -> dict:
         elif backend == "numpy":
             fn = lambda p=p, d=div: fbands.bounds(p, DELTA, d, backend="numpy")  # noqa: E731
         else:
-            torch_backend.CPU_KERNEL = "torch" if backend == "torch-native" else "numba"
+            torch_backend.CPU_KERNEL = "numba" if backend == "torch" else "torch"
+            torch_backend.USE_TABLES = backend != "torch-native"
             fn = lambda t=t_p, d=div: fbands.bounds(t, DELTA, d)  # noqa: E731
         secs = timeit(fn, 1 if backend in ("numpy", "torch-native") else repeat)
-        torch_backend.CPU_KERNEL = "numba"
+        torch_backend.CPU_KERNEL, torch_backend.USE_TABLES = "numba", True
         row = {"backend": backend, "div": div, "dtype": dtype, "n": n, "size": size,
                "data": dist, "ns_per_token": secs / n * 1e9, "x_copy": secs / copy_s}
         if bis_s is not None:
@@ -233,7 +236,9 @@ def markdown(report: dict) -> str:
         f"delta = {report['delta']}; data `llm`: p half uniform on (0, 1), half with 1 - p "
         "log-uniform on [1e-7, 0.1]; `uniform`: p uniform on (0, 1). "
         "`torch` = CPU tensors through the torch backend (handed to numba); "
-        "`torch-native` = the torch solver itself (fixed Newton count, no host sync). "
+        "`torch-table` = the tables read by torch operations (the path of validated calls "
+        "on a GPU); `torch-native` = the torch solver itself (fixed Newton count, no host "
+        "sync). "
         "`bisection` = the published algorithm's shape (torch, 50 iterations per edge, a "
         "host sync per iteration); `copy` = numpy copy of the same array.",
         "",

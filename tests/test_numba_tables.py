@@ -138,3 +138,28 @@ def test_tables_are_cached_per_divergence_delta_and_layout():
     assert numba_backend.tables(d, 0.05, "float32") is a
     assert numba_backend.tables(d, 0.05, "float64") is not a
     assert numba_backend.tables(d, 0.06, "float32") is not a
+
+
+@pytest.mark.parametrize("div", ["kl", "js", "triangular"])
+def test_torch_reads_the_same_tables(div, monkeypatch):
+    """torch's evaluation of a table (the path of validated calls on a GPU, here on CPU
+    tensors kept off numba) against numba's pass and against torch's own Newton solver.
+    (The few elements the table leaves are solved by each backend's own exact solver.)"""
+    torch = pytest.importorskip("torch")
+    from fbands.backends import torch_backend
+
+    monkeypatch.setattr(torch_backend, "CPU_KERNEL", "torch")
+    p = sample_p(3, 1500)
+    p = p[p > 1e-150]  # the fixed-count solver's range (its tiny-p path is tested apart)
+    lp = np.log(p)
+    for x, logp in ((p, False), (lp, True)):
+        for log in (False, True):
+            fn = fbands.log_bounds if log else fbands.bounds
+            want = fn(x, 0.05, div, backend="numba", logp=logp)
+            got = fn(torch.from_numpy(x), 0.05, div, logp=logp)
+            monkeypatch.setattr(torch_backend, "USE_TABLES", False)
+            newton = fn(torch.from_numpy(x), 0.05, div, logp=logp)
+            monkeypatch.setattr(torch_backend, "USE_TABLES", True)
+            for g, w, n in zip(got, want, newton, strict=True):
+                assert rel_err(g.numpy(), w) <= 1e-12, (logp, log)
+                assert rel_err(g.numpy(), n.numpy()) <= 1e-12, (logp, log)

@@ -23,6 +23,13 @@ the work is scheduled:
   elementwise kernels.
 * **Device and shape.**  The result lives on ``p``'s device with the broadcast shape of
   ``p`` and ``delta``; ``delta`` may be a float, an array or a per-token tensor.
+* **Tables on the device.**  A validated call (``check=True``, the default) with one
+  Python-number ``delta`` reads the numba backend's interpolation tables with torch
+  operations on the tensor's device (:func:`_table_edges`): a few dozen elementwise
+  kernels instead of a Newton iteration, and the validation's one synchronisation also
+  counts the few elements the table leaves, which the fixed-count solver then finishes.
+  ``check=False`` keeps the sync-free solver.  Set :data:`USE_TABLES` to False to turn
+  the tables off.
 * **CPU tensors** are handed to the numba backend (:mod:`fbands.backends.numba_backend`)
   through a zero-copy numpy view when numba is installed and the call is not being traced
   by ``torch.compile``: on a CPU its table path is much faster than a fixed-count Newton
@@ -322,6 +329,10 @@ def _solve(div, p, delta, *, logp, invalid, check, log):
     if module is not None:
         return _run_numba(module, div, p, delta, logp=logp, invalid=invalid, check=check,
                           log=log)
+    if check and USE_TABLES:
+        out = _table_solve(div, p, delta, logp=logp, invalid=invalid, log=log)
+        if out is not None:
+            return out
     with torch.no_grad():
         kind, out_dtype, x, bad = _prepare(p, delta, logp=logp, invalid=invalid, check=check)
         if check:  # validation synchronised already: look at the data to skip unused paths
@@ -330,6 +341,124 @@ def _solve(div, p, delta, *, logp, invalid, check, log):
             tiny = at_one = True
         lo, hi = solve_log_edges(div, x, tiny=tiny, at_one=at_one)
         return _finish(kind, out_dtype, x, bad, lo, hi, log=log)
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+#: Whether validated calls (``check=True``) with one scalar delta use the numba backend's
+#: interpolation tables, evaluated by torch on the tensor's device.
+USE_TABLES = True
+
+
+def _table_solve(div, p, delta, *, logp, invalid, log):
+    """The table path on the device, or None where it does not apply.
+
+    It applies to tensors with a float64-capable device and a Python-number ``delta``, when
+    numba is there to build the tables (:func:`fbands.backends.numba_backend.tables`, cached
+    per divergence and delta; copied to each device once).  Every element is read from the
+    table (:func:`_table_edges`, elementwise kernels with no synchronisation); then one
+    synchronisation, the one validation costs anyway, counts the invalid elements (to
+    raise) and those the table leaves, which are solved by the fixed-count solver on their
+    own.
+    """
+    if (
+        not isinstance(p, torch.Tensor)
+        or not p.is_floating_point()
+        or isinstance(delta, bool)
+        or not isinstance(delta, (int, float))
+        or compute_dtype(p.device) != torch.float64
+        or torch.compiler.is_compiling()
+    ):
+        return None
+    d = float(delta)
+    if not (d > 0 and math.isfinite(d)):
+        return None  # the general path raises or gives nan
+    try:
+        from fbands.backends import numba_backend
+    except ImportError:
+        return None
+    layout = "float64" if p.dtype == torch.float64 else "float32"
+    tab = numba_backend.tables(div, d, layout)[bool(log)]
+    with torch.no_grad():
+        x = p.detach().reshape(-1).to(torch.float64)
+        lo, hi, more = _table_edges(tab, x, logp=logp, log=log)
+        bad_p, bad_d = invalid_masks(x, x.new_tensor(d), logp, torch.isnan, torch.isinf)
+        n_bad, n_more = torch.stack((bad_p.sum(), more.sum())).tolist()  # the one sync
+        if n_bad and invalid == "raise":
+            raise_invalid(*(t.cpu().numpy() for t in (bad_p, x, bad_d, x.new_tensor(d))), logp)
+        if n_more:
+            idx = torch.nonzero_static(more, size=n_more).reshape(-1)
+            kind, _, sub, bad = _prepare(x[idx], d, logp=logp, invalid="nan", check=False)
+            s_lo, s_hi = solve_log_edges(div, sub)
+            s_lo, s_hi = _finish(kind, torch.float64, sub, bad, s_lo, s_hi, log=log)
+            lo[idx], hi[idx] = s_lo, s_hi
+        return lo.to(p.dtype).reshape(p.shape), hi.to(p.dtype).reshape(p.shape)
+
+
+def _device_table(tab, device):
+    found = tab.__dict__.setdefault("_torch", {}).get(device)
+    if found is None:
+        found = tab._torch[device] = tuple(
+            torch.from_numpy(a).to(device) for a in (tab.coef, tab.row_code.astype(np.int64),
+                                                      tab.cells_info)
+        )
+    return found
+
+
+def _table_edges(tab, x, *, logp: bool, log: bool):
+    """``(lower, upper, more)`` of float64 ``x`` from a numba table, in torch operations.
+
+    The same reading of the table as the numba kernel (``table_row`` and ``horner`` in
+    :mod:`fbands.backends._numba_template`): the cell from the bits of
+    ``z = min(p, 1 - p)``, the coordinate from the remaining mantissa bits, two Horner
+    chains, ``1 / p`` (or ``-log p``) where the upper edge is saturated.  ``more`` marks
+    the elements to solve exactly: rows marked so, invalid input, ``p == 1``, ``log p``
+    below ``LP_CLOSED``.
+    """
+    from fbands.backends import numba_backend as nb
+
+    coef, row_code, cells_info = _device_table(tab, x.device)
+    ln2 = math.log(2.0)
+    if logp:
+        valid = x <= 0
+        lp = torch.where(valid, x, -1.0)
+        high = lp > -ln2
+        p = torch.exp(lp)
+        z = torch.where(high, -torch.expm1(lp.clamp(min=-ln2)), p).clamp(min=1e-300)
+        top = -lp if log else 1.0 / p
+        special = (lp == 0) | (lp < LP_CLOSED)
+    else:
+        valid = (x > 0) & (x <= 1)
+        v = torch.where(valid, x, 0.5)
+        high = v > 0.5
+        z = torch.where(high, 1.0 - v, v)
+        top = -torch.log(v) if log else 1.0 / v
+        special = (v == 1) | (v < math.exp(LP_CLOSED))
+    kbits = tab.kbits
+    cells = 1 << kbits
+    bits = z.view(torch.int64)
+    b = 1022 - (bits >> 52)
+    nb_side = torch.where(high, nb.NB_HI, nb.NB_LO)
+    j = (bits >> (52 - kbits)) & (cells - 1)
+    cell = torch.where(b < nb_side, b * cells + j, nb_side * cells)
+    cell = cell + torch.where(high, nb.NB_LO * cells + 1, 0)
+    info = cells_info[cell]
+    sh = info & 15
+    rest = 52 - kbits - sh
+    one = torch.ones_like(sh)
+    row = (info >> 4) + ((bits >> rest) & ((one << sh) - 1))
+    scale = ((1023 - rest) << 52).view(torch.float64)  # 2^-rest
+    u = 2.0 * ((bits & ((one << rest) - 1)).to(torch.float64) * scale) - 1.0
+    k = row * nb.ROW
+    lo, hi = coef[k], coef[k + 1]
+    for i in range(1, nb.DEG + 1):
+        lo = lo * u + coef[k + 2 * i]
+        hi = hi * u + coef[k + 2 * i + 1]
+    code = row_code[row]
+    hi = torch.where((code & nb.ROW_TOP) != 0, top, hi)
+    more = ((code & nb.ROW_EXACT) != 0) | special | ~valid
+    return lo, hi, more
 
 
 def log_edges(div, p, delta, *, logp, invalid, check):
