@@ -96,8 +96,11 @@ NB_LO = 200
 #: Binades of 1 - p in the table (1 - p >= 2^-90): closer to 1 only log-probability
 #: input gets, and it is solved exactly.
 NB_HI = 90
-#: How many (divergence, delta) tables are kept.
-MAX_TABLES = 64
+#: How many (divergence, delta, layout) table pairs are kept (least recently used go first).
+#: A float64 pair takes about 9 MB and a float32 pair about 2.5 MB; each takes a second or
+#: so to build, once per process, so a radius that changes every step is better passed as
+#: a per-token array (the exact path) than as a new scalar each time.
+MAX_TABLES = 16
 
 _LOCK = threading.Lock()
 _MODULES: dict[tuple[str, str], object] = {}
