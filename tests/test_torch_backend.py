@@ -156,6 +156,8 @@ def test_gradients_broadcast_and_keep_dtypes(cpu_kernel):
 def test_invalid_input(cpu_kernel):
     with pytest.raises(fbands.BandError, match=r"p must lie in \(0, 1\]; got 1.5 at index \(1,\)"):
         fbands.bounds(torch.tensor([0.5, 1.5]), 0.05)
+    with pytest.raises(fbands.BandError, match=r"got 2.0 at index \(1, 0\)"):
+        fbands.bounds(torch.tensor([[0.5, 0.2], [2.0, 0.3]]), 0.05)
     with pytest.raises(fbands.BandError, match="delta"):
         fbands.bounds(torch.tensor([0.5]), torch.tensor([-1.0]))
     with pytest.raises(fbands.BandError, match="broadcast"):

@@ -385,8 +385,9 @@ def _table_solve(div, p, delta, *, logp, invalid, log):
         lo, hi, more = _table_edges(tab, x, logp=logp, log=log)
         bad_p, bad_d = invalid_masks(x, x.new_tensor(d), logp, torch.isnan, torch.isinf)
         n_bad, n_more = torch.stack((bad_p.sum(), more.sum())).tolist()  # the one sync
-        if n_bad and invalid == "raise":
-            raise_invalid(*(t.cpu().numpy() for t in (bad_p, x, bad_d, x.new_tensor(d))), logp)
+        if n_bad and invalid == "raise":  # indices of p's own shape in the message
+            raise_invalid(bad_p.reshape(p.shape).cpu().numpy(), x.reshape(p.shape).cpu().numpy(),
+                          bad_d.cpu().numpy(), np.float64(d), logp)
         if n_more:
             idx = torch.nonzero_static(more, size=n_more).reshape(-1)
             kind, _, sub, bad = _prepare(x[idx], d, logp=logp, invalid="nan", check=False)
