@@ -163,3 +163,23 @@ def test_torch_reads_the_same_tables(div, monkeypatch):
             for g, w, n in zip(got, want, newton, strict=True):
                 assert rel_err(g.numpy(), w) <= 1e-12, (logp, log)
                 assert rel_err(g.numpy(), n.numpy()) <= 1e-12, (logp, log)
+
+
+def test_probability_one_takes_its_limit_in_the_fast_passes(monkeypatch):
+    """p == 1 (log p == 0) is common in float32 log-softmax output: the passes answer it with
+    the limit (r*, 1) themselves, identical to the numpy solver's, and log 1 is +0.0."""
+
+    def no_exact_path(*args, **kwargs):
+        raise AssertionError("p == 1 went to the exact path")
+
+    monkeypatch.setattr(numba_backend, "_exact", no_exact_path)
+    for div in ("kl", "reverse_kl", "tv", "chi2"):
+        for log in (False, True):
+            fn = fbands.log_bounds if log else fbands.bounds
+            want = fn(1.0, 0.05, div, backend="numpy")
+            for x, logp in ((np.ones(5000), False), (np.zeros(5000, np.float32), True)):
+                got = fn(x, 0.05, div, backend="numba", logp=logp)
+                for g, w in zip(got, want, strict=True):
+                    assert np.all(g == np.asarray(w, dtype=g.dtype)), (div, log, logp)
+                if log:
+                    assert not np.signbit(got[1]).any()

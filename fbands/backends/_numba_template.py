@@ -352,8 +352,9 @@ def vexpm1(x):
 # unroll and the element loop is innermost).  No branch depends on the data (every
 # choice is a select), no libm call: the loop vectorises.  An element the pass cannot
 # finish gets a nan lower edge and counts in its block's tally, for the caller to solve
-# exactly: rows marked exact, invalid input, log p = -inf (the p -> 0 limit), and p == 1
-# or log p below LP_CLOSED (the shared solver's special cases).  BLOCK, ROW, ROW_TOP and
+# exactly: rows marked exact, invalid input, log p = -inf (the p -> 0 limit) and log p
+# below LP_CLOSED (the shared solver's special cases).  p == 1, common in float32
+# log-softmax output, takes its limit (at_one, 1) without a row.  BLOCK, ROW, ROW_TOP and
 # ROW_EXACT come from the Python constants, written in by the backend.
 
 
@@ -394,7 +395,7 @@ def horner(coef, row, u):
 
 @njit(inline="always", **OPTS)
 def block_p(x, start, stop, want_log, coef, row_code, cells_info, kbits, nb_lo, nb_hi,
-            p_closed, out_lo, out_hi):
+            p_closed, at_one, out_lo, out_hi):
     off_hi = nb_lo * (np.int64(1) << kbits) + 1
     bad = 0
     for i in range(start, stop):
@@ -407,17 +408,18 @@ def block_p(x, start, stop, want_log, coef, row_code, cells_info, kbits, nb_lo, 
                            off_hi if high else 0)
         lo, hi = horner(coef, row, u)
         code = row_code[row]
-        top = -vlog(v) if want_log else 1.0 / v
-        more = ((code & ROW_EXACT) != 0) | (v == 1.0) | (v < p_closed) | (not valid)
-        out_lo[i] = NAN if more else lo
-        out_hi[i] = top if (code & ROW_TOP) != 0 else hi
+        top = 0.0 - vlog(v) if want_log else 1.0 / v  # (0.0 - : log 1 gives +0.0)
+        one = v == 1.0
+        more = (((code & ROW_EXACT) != 0) & (not one)) | (v < p_closed) | (not valid)
+        out_lo[i] = NAN if more else (at_one if one else lo)
+        out_hi[i] = top if ((code & ROW_TOP) != 0) | one else hi
         bad += more
     return bad
 
 
 @njit(inline="always", **OPTS)
 def block_logp(x, start, stop, want_log, coef, row_code, cells_info, kbits, nb_lo, nb_hi,
-               lp_closed, out_lo, out_hi):
+               lp_closed, at_one, out_lo, out_hi):
     off_hi = nb_lo * (np.int64(1) << kbits) + 1
     bad = 0
     for i in range(start, stop):
@@ -432,17 +434,18 @@ def block_logp(x, start, stop, want_log, coef, row_code, cells_info, kbits, nb_l
                            off_hi if high else 0)
         lo, hi = horner(coef, row, u)
         code = row_code[row]
-        top = -lp if want_log else 1.0 / p
-        more = ((code & ROW_EXACT) != 0) | (lp == 0.0) | (lp < lp_closed) | (not valid)
-        out_lo[i] = NAN if more else lo
-        out_hi[i] = top if (code & ROW_TOP) != 0 else hi
+        top = 0.0 - lp if want_log else 1.0 / p
+        one = lp == 0.0
+        more = (((code & ROW_EXACT) != 0) & (not one)) | (lp < lp_closed) | (not valid)
+        out_lo[i] = NAN if more else (at_one if one else lo)
+        out_hi[i] = top if ((code & ROW_TOP) != 0) | one else hi
         bad += more
     return bad
 
 
 @njit(parallel=True, **OPTS)
 def table_pass(x, logp, want_log, coef, row_code, cells_info, kbits, nb_lo, nb_hi, closed,
-               out_lo, out_hi, block_bad):
+               at_one, out_lo, out_hi, block_bad):
     """Band edges of a flat array for one scalar delta, from a (divergence, delta) table.
 
     ``x``: p (or log p when ``logp``); ``want_log``: write log-edges, else ratios.  Cells:
@@ -450,7 +453,8 @@ def table_pass(x, logp, want_log, coef, row_code, cells_info, kbits, nb_lo, nb_h
     1 - p and one cell for 1 - p smaller still; ``2^kbits`` cells per binade.
     ``cells_info[cell] = first_row << 4 | extra_bits``; ``coef`` holds ROW coefficients a
     row; ``row_code`` its ROW_TOP / ROW_EXACT bits.  ``closed``: p (or log p) below which
-    the shared solver's tail forms take over.  ``block_bad[b]``: how many elements of
+    the shared solver's tail forms take over.  ``at_one``: the lower edge (or its log) at
+    p = 1, the limit of the shared solver.  ``block_bad[b]``: how many elements of
     block ``b`` (BLOCK elements) are left to solve exactly (see :func:`unfinished`).
     """
     n = x.size
@@ -459,10 +463,10 @@ def table_pass(x, logp, want_log, coef, row_code, cells_info, kbits, nb_lo, nb_h
         stop = min(start + BLOCK, n)
         if logp:
             block_bad[blk] = block_logp(x, start, stop, want_log, coef, row_code, cells_info,
-                                        kbits, nb_lo, nb_hi, closed, out_lo, out_hi)
+                                        kbits, nb_lo, nb_hi, closed, at_one, out_lo, out_hi)
         else:
             block_bad[blk] = block_p(x, start, stop, want_log, coef, row_code, cells_info,
-                                     kbits, nb_lo, nb_hi, closed, out_lo, out_hi)
+                                     kbits, nb_lo, nb_hi, closed, at_one, out_lo, out_hi)
 
 
 @njit(**OPTS)
@@ -510,7 +514,7 @@ def real_roots(a2, a1, a0, zero):
 
 
 @njit(inline="always", **OPTS)
-def closed_block(x, start, stop, delta, p_closed, out_lo, out_hi):
+def closed_block(x, start, stop, delta, p_closed, at_one, out_lo, out_hi):
     bad = 0
     for i in range(start, stop):
         v = np.float64(x[i])
@@ -541,20 +545,21 @@ def closed_block(x, start, stop, delta, p_closed, out_lo, out_hi):
         # the elements the table pass leaves too.  (Bitwise, not a conditional expression:
         # that one keeps the loop from vectorising.)
         doubt = u_close | (use_y & y_close) | ((not use_y) & (r_close | (abs(rl) < SMALL_EDGE)))
-        more = doubt | (v == 1.0) | (v < p_closed) | (not valid)
-        out_lo[i] = NAN if more else (r_y if use_y else max(rl, 0.0))
-        out_hi[i] = hi
+        one = v == 1.0
+        more = (doubt & (not one)) | (v < p_closed) | (not valid)
+        out_lo[i] = NAN if more else (at_one if one else (r_y if use_y else max(rl, 0.0)))
+        out_hi[i] = 1.0 if one else hi
         bad += more
     return bad
 
 
 @njit(parallel=True, **OPTS)
-def closed_pass(x, delta, p_closed, out_lo, out_hi, block_bad):
+def closed_pass(x, delta, p_closed, at_one, out_lo, out_hi, block_bad):
     """Ratio edges of a flat array of p for one scalar delta from the closed forms: no
     table, no iteration, no data-dependent branch.  ``block_bad`` as in table_pass."""
     n = x.size
     for blk in prange(block_bad.size):
         start = blk * BLOCK
         stop = min(start + BLOCK, n)
-        block_bad[blk] = closed_block(x, start, stop, delta, p_closed, out_lo, out_hi)
+        block_bad[blk] = closed_block(x, start, stop, delta, p_closed, at_one, out_lo, out_hi)
 '''

@@ -105,6 +105,7 @@ MAX_TABLES = 16
 _LOCK = threading.Lock()
 _MODULES: dict[tuple[str, str], object] = {}
 _TABLES: OrderedDict = OrderedDict()
+_AT_ONE: dict = {}
 
 
 # ----------------------------------------------------------------------------- generated code
@@ -427,12 +428,13 @@ def _fast(div, p, delta, *, logp, invalid, check, log):
     out_hi = np.empty(x.shape, dtype=p.dtype)
     block_bad = np.empty(-(-x.size // BLOCK), dtype=np.int64)
     closed = LP_CLOSED if logp else math.exp(LP_CLOSED)
+    at_one = lower_at_one(div, d, log)
     if not (logp or log) and has_closed_pass(div):
-        mod.closed_pass(x, d, closed, out_lo, out_hi, block_bad)
+        mod.closed_pass(x, d, closed, at_one, out_lo, out_hi, block_bad)
     else:
         tab = tables(div, d, "float32" if p.dtype == np.float32 else "float64")[bool(log)]
         mod.table_pass(x, bool(logp), bool(log), tab.coef, tab.row_code, tab.cells_info,
-                       tab.kbits, NB_LO, NB_HI, closed, out_lo, out_hi, block_bad)
+                       tab.kbits, NB_LO, NB_HI, closed, at_one, out_lo, out_hi, block_bad)
     if block_bad.any():  # a few elements left: the exact path, on those alone
         idx = mod.unfinished(out_lo, block_bad)
         sub = x[idx]
@@ -446,6 +448,20 @@ def _fast(div, p, delta, *, logp, invalid, check, log):
         out_lo[idx], out_hi[idx] = _exact(div, sub, d, logp=logp, invalid="nan", check=False,
                                           log=log)
     return out_lo.reshape(p.shape), out_hi.reshape(p.shape)
+
+
+def lower_at_one(div, delta: float, log: bool) -> float:
+    """The lower edge (``log``: its log) at ``p = 1``, from the numpy solver's limit
+    equation, cached per divergence and delta."""
+    key = (*_key(div), float(delta), bool(log))
+    found = _AT_ONE.get(key)
+    if found is None:
+        solve = numpy_backend.log_edges if log else numpy_backend.edges
+        found = _AT_ONE[key] = float(solve(div, 1.0, float(delta), logp=False,
+                                           invalid="raise", check=False)[0])
+        if len(_AT_ONE) > 4 * MAX_TABLES:
+            _AT_ONE.pop(next(iter(_AT_ONE)))
+    return found
 
 
 def _general(div, p, delta, *, logp, invalid, check, log):

@@ -382,7 +382,8 @@ def _table_solve(div, p, delta, *, logp, invalid, log):
     tab = numba_backend.tables(div, d, layout)[bool(log)]
     with torch.no_grad():
         x = p.detach().reshape(-1).to(torch.float64)
-        lo, hi, more = _table_edges(tab, x, logp=logp, log=log)
+        at_one = numba_backend.lower_at_one(div, d, log)
+        lo, hi, more = _table_edges(tab, x, at_one, logp=logp, log=log)
         bad_p, bad_d = invalid_masks(x, x.new_tensor(d), logp, torch.isnan, torch.isinf)
         n_bad, n_more = torch.stack((bad_p.sum(), more.sum())).tolist()  # the one sync
         if n_bad and invalid == "raise":  # indices of p's own shape in the message
@@ -407,15 +408,15 @@ def _device_table(tab, device):
     return found
 
 
-def _table_edges(tab, x, *, logp: bool, log: bool):
+def _table_edges(tab, x, at_one: float, *, logp: bool, log: bool):
     """``(lower, upper, more)`` of float64 ``x`` from a numba table, in torch operations.
 
     The same reading of the table as the numba kernel (``table_row`` and ``horner`` in
     :mod:`fbands.backends._numba_template`): the cell from the bits of
     ``z = min(p, 1 - p)``, the coordinate from the remaining mantissa bits, two Horner
-    chains, ``1 / p`` (or ``-log p``) where the upper edge is saturated.  ``more`` marks
-    the elements to solve exactly: rows marked so, invalid input, ``p == 1``, ``log p``
-    below ``LP_CLOSED``.
+    chains, ``1 / p`` (or ``-log p``) where the upper edge is saturated, and the limit
+    ``(at_one, 1)`` at ``p == 1``.  ``more`` marks the elements to solve exactly: rows
+    marked so, invalid input, ``log p`` below ``LP_CLOSED``.
     """
     from fbands.backends import numba_backend as nb
 
@@ -427,15 +428,15 @@ def _table_edges(tab, x, *, logp: bool, log: bool):
         high = lp > -ln2
         p = torch.exp(lp)
         z = torch.where(high, -torch.expm1(lp.clamp(min=-ln2)), p).clamp(min=1e-300)
-        top = -lp if log else 1.0 / p
-        special = (lp == 0) | (lp < LP_CLOSED)
+        top = 0.0 - lp if log else 1.0 / p  # (0.0 - : log 1 gives +0.0)
+        one, special = lp == 0, lp < LP_CLOSED
     else:
         valid = (x > 0) & (x <= 1)
         v = torch.where(valid, x, 0.5)
         high = v > 0.5
         z = torch.where(high, 1.0 - v, v)
-        top = -torch.log(v) if log else 1.0 / v
-        special = (v == 1) | (v < math.exp(LP_CLOSED))
+        top = 0.0 - torch.log(v) if log else 1.0 / v
+        one, special = v == 1, v < math.exp(LP_CLOSED)
     kbits = tab.kbits
     cells = 1 << kbits
     bits = z.view(torch.int64)
@@ -447,18 +448,19 @@ def _table_edges(tab, x, *, logp: bool, log: bool):
     info = cells_info[cell]
     sh = info & 15
     rest = 52 - kbits - sh
-    one = torch.ones_like(sh)
-    row = (info >> 4) + ((bits >> rest) & ((one << sh) - 1))
+    unit = torch.ones_like(sh)
+    row = (info >> 4) + ((bits >> rest) & ((unit << sh) - 1))
     scale = ((1023 - rest) << 52).view(torch.float64)  # 2^-rest
-    u = 2.0 * ((bits & ((one << rest) - 1)).to(torch.float64) * scale) - 1.0
+    u = 2.0 * ((bits & ((unit << rest) - 1)).to(torch.float64) * scale) - 1.0
     k = row * nb.ROW
     lo, hi = coef[k], coef[k + 1]
     for i in range(1, nb.DEG + 1):
         lo = lo * u + coef[k + 2 * i]
         hi = hi * u + coef[k + 2 * i + 1]
     code = row_code[row]
-    hi = torch.where((code & nb.ROW_TOP) != 0, top, hi)
-    more = ((code & nb.ROW_EXACT) != 0) | special | ~valid
+    hi = torch.where(((code & nb.ROW_TOP) != 0) | one, top, hi)
+    lo = torch.where(one, at_one, lo)
+    more = (((code & nb.ROW_EXACT) != 0) & ~one) | special | ~valid
     return lo, hi, more
 
 
