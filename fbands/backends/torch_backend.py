@@ -31,10 +31,11 @@ the work is scheduled:
   ``check=False`` keeps the sync-free solver.  Set :data:`USE_TABLES` to False to turn
   the tables off.
 * **CPU tensors** are handed to the numba backend (:mod:`fbands.backends.numba_backend`)
-  through a zero-copy numpy view when numba is installed and the call is not being traced
-  by ``torch.compile``: on a CPU its table path is much faster than a fixed-count Newton
-  iteration in elementwise torch kernels, and both agree to 1e-12.  Set
-  :data:`CPU_KERNEL` to ``"torch"`` to keep CPU tensors on the torch solver.
+  through a zero-copy numpy view (bf16 and fp16 through a float64 copy) when numba is
+  installed and the call is not being traced by ``torch.compile``: on a CPU its table path
+  is much faster than a fixed-count Newton iteration in elementwise torch kernels, and
+  both agree to 1e-12.  Set :data:`CPU_KERNEL` to ``"torch"`` to keep CPU tensors on the
+  torch solver.
 """
 
 from __future__ import annotations
@@ -224,7 +225,7 @@ def _numba_for_cpu(p, delta):
     """The numba backend module when it should take this call, else None."""
     if CPU_KERNEL != "numba" or not isinstance(p, torch.Tensor) or p.device.type != "cpu":
         return None
-    if p.dtype not in (torch.float32, torch.float64):
+    if not p.is_floating_point():
         return None
     if isinstance(delta, torch.Tensor) and delta.device.type != "cpu":
         return None
@@ -238,13 +239,16 @@ def _numba_for_cpu(p, delta):
 
 
 def _run_numba(module, div, p, delta, *, logp, invalid, check, log):
-    x = p.detach().numpy()  # a view: no copy
+    # float32 and float64 as a view (no copy); bf16 and fp16, which numpy lacks, in float64,
+    # so that the edges are rounded to them once
+    native = p.dtype in (torch.float32, torch.float64)
+    x = (p.detach() if native else p.detach().to(torch.float64)).numpy()
     if isinstance(delta, torch.Tensor):
         delta = delta.detach().to(torch.float64).numpy()
     fn = module.log_edges if log else module.edges
     lo, hi = fn(div, x, delta, logp=logp, invalid=invalid, check=check)
-    lo, hi = np.asarray(lo), np.asarray(hi)
-    return torch.from_numpy(lo), torch.from_numpy(hi)
+    lo, hi = torch.from_numpy(np.asarray(lo)), torch.from_numpy(np.asarray(hi))
+    return (lo, hi) if native else (lo.to(p.dtype), hi.to(p.dtype))
 
 
 def _run(div, p, delta, *, logp, invalid, check, log):
