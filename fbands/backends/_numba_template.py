@@ -12,7 +12,10 @@ element stops as soon as it has converged).  It is kept step for step parallel t
 version; the tests check that both agree to rounding.
 """
 
-ROW = 12  # coefficients per table row: (u^5 ... 1) x (lower, upper), interleaved
+import math
+
+DEG = 5  # degree of the table polynomials
+ROW = 2 * (DEG + 1)  # coefficients per table row: (u^DEG ... 1) x (lower, upper), interleaved
 ROW_TOP = 1  # row code bit: the upper edge is saturated (r = 1 / p)
 ROW_EXACT = 2  # row code bit: the polynomials miss the tolerance; solve exactly
 
@@ -242,6 +245,23 @@ def solve_arrays(lp, lq, p, q, delta, out_lo, out_hi):
 
 '''
 
+def horner(acc: str, var: str, coeffs) -> str:
+    """Statements evaluating ``acc = sum c_i var^(n - i)`` by Horner's rule (highest power
+    first), with the coefficients as literals: the generated kernels get the chain unrolled,
+    which is what lets their loops vectorise, without the chain being written out here."""
+    lines = [f"    {acc} = {float(coeffs[0])!r}"]
+    lines += [f"    {acc} = {acc} * {var} + {float(c)!r}" for c in coeffs[1:]]
+    return "\n".join(lines)
+
+
+def _row_horner() -> str:
+    lines = ["    k = row * ROW", "    a = coef[k]", "    h = coef[k + 1]"]
+    for j in range(1, DEG + 1):
+        lines += [f"    a = a * u + coef[k + {2 * j}]", f"    h = h * u + coef[k + {2 * j + 1}]"]
+    return "\n".join(lines)
+
+
+
 TABLE = '''
 
 LN2_HI = 6.93147180369123816490e-01  # ln 2 split so that e * LN2_HI is exact
@@ -261,20 +281,7 @@ def vexp(x):
     k = math.floor(x * INV_LN2 + 0.5)
     k = min(max(k, -1100.0), 1100.0)
     r = (x - k * LN2_HI) - k * LN2_LO
-    e = 1.0 / 6227020800.0
-    e = e * r + 1.0 / 479001600.0
-    e = e * r + 1.0 / 39916800.0
-    e = e * r + 1.0 / 3628800.0
-    e = e * r + 1.0 / 362880.0
-    e = e * r + 1.0 / 40320.0
-    e = e * r + 1.0 / 5040.0
-    e = e * r + 1.0 / 720.0
-    e = e * r + 1.0 / 120.0
-    e = e * r + 1.0 / 24.0
-    e = e * r + 1.0 / 6.0
-    e = e * r + 0.5
-    e = e * r + 1.0
-    e = e * r + 1.0
+{exp_taylor}
     ki = np.int64(k)
     k1 = ki >> 1
     s1 = np.int64((k1 + 1023) << 52).view(np.float64)
@@ -303,18 +310,7 @@ def vlog(x):
     f = m - 1.0
     s = f / (2.0 + f)
     z = s * s
-    w = 1.0 / 23.0
-    w = w * z + 1.0 / 21.0
-    w = w * z + 1.0 / 19.0
-    w = w * z + 1.0 / 17.0
-    w = w * z + 1.0 / 15.0
-    w = w * z + 1.0 / 13.0
-    w = w * z + 1.0 / 11.0
-    w = w * z + 1.0 / 9.0
-    w = w * z + 1.0 / 7.0
-    w = w * z + 1.0 / 5.0
-    w = w * z + 1.0 / 3.0
-    w = w * z + 1.0
+{log_series}
     fe = np.float64(e)
     return fe * LN2_HI + (2.0 * s * w + fe * LN2_LO)
 
@@ -322,26 +318,7 @@ def vlog(x):
 @njit(inline="always", **OPTS)
 def vexpm1(x):
     """expm1(x) for x in [-log 2, 0] by its Taylor series to x^20 (error about 1 ulp)."""
-    e = 1.0 / 2432902008176640000.0
-    e = e * x + 1.0 / 121645100408832000.0
-    e = e * x + 1.0 / 6402373705728000.0
-    e = e * x + 1.0 / 355687428096000.0
-    e = e * x + 1.0 / 20922789888000.0
-    e = e * x + 1.0 / 1307674368000.0
-    e = e * x + 1.0 / 87178291200.0
-    e = e * x + 1.0 / 6227020800.0
-    e = e * x + 1.0 / 479001600.0
-    e = e * x + 1.0 / 39916800.0
-    e = e * x + 1.0 / 3628800.0
-    e = e * x + 1.0 / 362880.0
-    e = e * x + 1.0 / 40320.0
-    e = e * x + 1.0 / 5040.0
-    e = e * x + 1.0 / 720.0
-    e = e * x + 1.0 / 120.0
-    e = e * x + 1.0 / 24.0
-    e = e * x + 1.0 / 6.0
-    e = e * x + 0.5
-    e = e * x + 1.0
+{expm1_taylor}
     return e * x
 
 
@@ -377,19 +354,7 @@ def table_row(z, cells_info, kbits, nb, off):
 
 @njit(inline="always", **OPTS)
 def horner(coef, row, u):
-    k = row * ROW
-    a = coef[k]
-    h = coef[k + 1]
-    a = a * u + coef[k + 2]
-    h = h * u + coef[k + 3]
-    a = a * u + coef[k + 4]
-    h = h * u + coef[k + 5]
-    a = a * u + coef[k + 6]
-    h = h * u + coef[k + 7]
-    a = a * u + coef[k + 8]
-    h = h * u + coef[k + 9]
-    a = a * u + coef[k + 10]
-    h = h * u + coef[k + 11]
+{row_horner}
     return a, h
 
 
@@ -483,7 +448,12 @@ def unfinished(out_lo, block_bad):
                 idx[k] = i
                 k += 1
     return idx[:k]
-'''
+'''.format(
+    exp_taylor=horner("e", "r", [1 / math.factorial(k) for k in range(13, -1, -1)]),
+    log_series=horner("w", "z", [1 / (2 * k + 1) for k in range(11, -1, -1)]),
+    expm1_taylor=horner("e", "x", [1 / math.factorial(k) for k in range(20, 0, -1)]),
+    row_horner=_row_horner(),
+)
 
 CLOSED_PASS = '''
 

@@ -80,11 +80,9 @@ LAYOUTS = {
     "float64": {"kbits": 6, "tol": 1e-13, "refine": numpy_backend.REFINE_ABOVE},
     "float32": {"kbits": 4, "tol": 1e-10, "refine": 1e-9},
 }
-#: Degree of the polynomials (fixed in the generated kernel, so that its loop unrolls).
-DEG = 5
-#: Coefficients per table row, and the bits of a row's code (see the template).
-ROW, ROW_TOP, ROW_EXACT = template.ROW, template.ROW_TOP, template.ROW_EXACT
-assert ROW == 2 * (DEG + 1)  # the template's Horner chains are written out for DEG = 5
+#: Degree of the polynomials, coefficients per table row, and the bits of a row's code (see
+#: the template: the kernel's Horner chains are generated for this degree).
+DEG, ROW, ROW_TOP, ROW_EXACT = template.DEG, template.ROW, template.ROW_TOP, template.ROW_EXACT
 #: Elements per block of the passes (each block keeps a tally of what it leaves unsolved).
 BLOCK = 4096
 #: Extra mantissa bits (2^SUBBITS subrows) of a cell its polynomials do not resolve (a
@@ -451,14 +449,17 @@ def _fast(div, p, delta, *, logp, invalid, check, log):
 
 
 def lower_at_one(div, delta: float, log: bool) -> float:
-    """The lower edge (``log``: its log) at ``p = 1``, from the numpy solver's limit
-    equation, cached per divergence and delta."""
+    """The lower edge at ``p = 1`` (:meth:`fbands.Divergence.lower_limit_at_one`; ``log``:
+    its log, solved in log space as the numpy backend does), cached per divergence and
+    delta."""
     key = (*_key(div), float(delta), bool(log))
     found = _AT_ONE.get(key)
     if found is None:
-        solve = numpy_backend.log_edges if log else numpy_backend.edges
-        found = _AT_ONE[key] = float(solve(div, 1.0, float(delta), logp=False,
-                                           invalid="raise", check=False)[0])
+        found = _AT_ONE[key] = float(
+            numpy_backend.log_edges(div, 1.0, float(delta), logp=False, invalid="raise",
+                                    check=False)[0]
+            if log else div.lower_limit_at_one(delta)
+        )
         if len(_AT_ONE) > 4 * MAX_TABLES:
             _AT_ONE.pop(next(iter(_AT_ONE)))
     return found
