@@ -195,7 +195,12 @@ def _closed_form(f: sp.Expr, edge: str) -> ClosedForm | None:
         return None
     if poly.degree() > 2 or poly.degree() < 1 or any(c.has(var) for c in poly.all_coeffs()):
         return None
-    coeffs = [sp.Integer(0)] * (2 - poly.degree()) + [_in_p_and_q(c) for c in poly.all_coeffs()]
+    coeffs = [_in_p_and_q(c) for c in poly.all_coeffs()]
+    if coeffs[0].could_extract_minus_sign():
+        # One sign for the leading coefficient of every form (roots do not change): tv's
+        # three forms then all divide by p, and the closed-form pass computes 1 / p once.
+        coeffs = [-c for c in coeffs]
+    coeffs = [sp.Integer(0)] * (2 - poly.degree()) + coeffs
     return ClosedForm(tuple(coeffs), squared)
 
 
