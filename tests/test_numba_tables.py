@@ -109,6 +109,41 @@ def test_float32_table_is_within_one_ulp_of_the_rounded_exact_edge(div):
                 assert int(np.max(np.where(same, 0, ulps))) <= 1, (div, delta, log)
 
 
+
+def _saturating_closed(name: str) -> bool:
+    d = TRIANGULAR if name == "triangular" else fbands.get(name)
+    return numba_backend.has_closed_pass(d) and math.isfinite(d.f0)
+
+
+SATURATING_CLOSED = [d for d in DIVS if _saturating_closed(d)]
+
+
+@pytest.mark.parametrize("div", SATURATING_CLOSED)
+def test_closed_pass_next_to_the_lower_edges_saturation(div):
+    """Where the lower edge leaves 0 (delta = g(p, 0), reached when f(0) is finite) it is
+    small and ill-conditioned: the closed-form pass keeps it only from a size its float64
+    root resolves for the output's precision (1e-3 for float64, 1e-6 for float32), and the
+    exact solver takes the rest."""
+    assert {"tv", "chi2", "triangular"} <= set(SATURATING_CLOSED)
+    delta = 0.05
+    grid = np.linspace(1e-4, 0.999, 20001)
+    lo = exact(div, grid, delta, False)[0]
+    k = int(np.argmax(lo > 0))  # the first p (on the grid) whose lower edge is not 0
+    assert k > 0 and np.all(lo[:k] == 0) and np.all(lo[k:] > 0)
+    t = np.geomspace(1e-9, 3e-2, 400)
+    p = grid[k] * np.concatenate((1 - t, [1.0], 1 + t))
+    for dtype in (np.float64, np.float32):
+        x = np.unique(p.astype(dtype))
+        want = exact(div, x.astype(np.float64), delta, False)
+        got = fbands.bounds(x, delta, div, backend="numba")
+        for g, w in zip(got, want, strict=True):
+            if dtype == np.float64:
+                assert rel_err(g, w) <= 1e-12, div
+            else:
+                w32 = w.astype(np.float32)
+                ulps = np.abs(g.view(np.int32).astype(np.int64) - w32.view(np.int32))
+                assert int(np.max(np.where(g == w32, 0, ulps))) <= 1, div
+
 def test_every_row_code_is_valid_and_the_exact_share_is_small():
     for div in ("kl", "tv", "js"):
         for layout in numba_backend.LAYOUTS:

@@ -255,9 +255,10 @@ def horner(acc: str, var: str, coeffs) -> str:
 
 
 def _row_horner() -> str:
-    lines = ["    k = row * ROW", "    a = coef[k]", "    h = coef[k + 1]"]
+    lines = ["    k = row * ROW", "    a = at(coef, k)", "    h = at(coef, k + 1)"]
     for j in range(1, DEG + 1):
-        lines += [f"    a = a * u + coef[k + {2 * j}]", f"    h = h * u + coef[k + {2 * j + 1}]"]
+        lines += [f"    a = a * u + at(coef, k + {2 * j})",
+                  f"    h = h * u + at(coef, k + {2 * j + 1})"]
     return "\n".join(lines)
 
 
@@ -269,6 +270,16 @@ LN2_LO = 1.90821492927058770002e-10
 INV_LN2 = 1.4426950408889634
 SQRT2 = 1.4142135623730951
 TINY = 2.2250738585072014e-308
+
+
+@njit(inline="always", **OPTS)
+def at(a, i):
+    """a[i] for an index known to be >= 0.  numba wraps a negative signed index around
+    (i + size) before every access; that select turns the vector loads and stores of an
+    element loop into gathers and scatters (three times slower, and slower still when
+    the arrays lie next to each other).  An unsigned index has no such case; the element
+    loops iterate over unsigned ranges for the same reason."""
+    return a[np.uint64(i)]
 
 
 @njit(inline="always", **OPTS)
@@ -343,7 +354,7 @@ def table_row(z, cells_info, kbits, nb, off):
     cells = np.int64(1) << kbits
     j = (bits >> (52 - kbits)) & (cells - 1)
     cell = off + (b * cells + j if b < nb else nb * cells)
-    info = cells_info[cell]
+    info = at(cells_info, cell)
     sh = info & 15
     rest = 52 - kbits - sh
     row = (info >> 4) + ((bits >> rest) & ((np.int64(1) << sh) - 1))
@@ -363,7 +374,7 @@ def block_p(x, start, stop, want_log, coef, row_code, cells_info, kbits, nb_lo, 
             p_closed, at_one, out_lo, out_hi):
     off_hi = nb_lo * (np.int64(1) << kbits) + 1
     bad = 0
-    for i in range(start, stop):
+    for i in range(np.uint64(start), np.uint64(stop)):  # unsigned: see at()
         v = np.float64(x[i])
         valid = (v > 0.0) & (v <= 1.0)
         v = v if valid else 0.5
@@ -372,7 +383,7 @@ def block_p(x, start, stop, want_log, coef, row_code, cells_info, kbits, nb_lo, 
         row, u = table_row(z, cells_info, kbits, nb_hi if high else nb_lo,
                            off_hi if high else 0)
         lo, hi = horner(coef, row, u)
-        code = row_code[row]
+        code = at(row_code, row)
         top = 0.0 - vlog(v) if want_log else 1.0 / v  # (0.0 - : log 1 gives +0.0)
         one = v == 1.0
         more = (((code & ROW_EXACT) != 0) & (not one)) | (v < p_closed) | (not valid)
@@ -387,7 +398,7 @@ def block_logp(x, start, stop, want_log, coef, row_code, cells_info, kbits, nb_l
                lp_closed, at_one, out_lo, out_hi):
     off_hi = nb_lo * (np.int64(1) << kbits) + 1
     bad = 0
-    for i in range(start, stop):
+    for i in range(np.uint64(start), np.uint64(stop)):  # unsigned: see at()
         v = np.float64(x[i])
         valid = v <= 0.0
         lp = v if valid else -1.0
@@ -398,7 +409,7 @@ def block_logp(x, start, stop, want_log, coef, row_code, cells_info, kbits, nb_l
         row, u = table_row(z, cells_info, kbits, nb_hi if high else nb_lo,
                            off_hi if high else 0)
         lo, hi = horner(coef, row, u)
-        code = row_code[row]
+        code = at(row_code, row)
         top = 0.0 - lp if want_log else 1.0 / p
         one = lp == 0.0
         more = (((code & ROW_EXACT) != 0) & (not one)) | (lp < lp_closed) | (not valid)
@@ -434,20 +445,23 @@ def table_pass(x, logp, want_log, coef, row_code, cells_info, kbits, nb_lo, nb_h
                                      kbits, nb_lo, nb_hi, closed, at_one, out_lo, out_hi)
 
 
-@njit(**OPTS)
+@njit(parallel=True, **OPTS)
 def unfinished(out_lo, block_bad):
-    """Indices of the elements a pass left (nan lower edge), visiting only the blocks
-    whose tally is not zero."""
-    idx = np.empty(block_bad.sum(), np.int64)
-    k = 0
-    for blk in range(block_bad.size):
-        if block_bad[blk] == 0:
-            continue
-        for i in range(blk * BLOCK, min((blk + 1) * BLOCK, out_lo.size)):
-            if out_lo[i] != out_lo[i]:
+    """Indices of the elements a pass left (nan lower edge), in order: only the blocks
+    whose tally is not zero are read, in parallel, each until its tally is found."""
+    blocks = np.nonzero(block_bad)[0]
+    ends = np.cumsum(block_bad[blocks])
+    idx = np.empty(ends[-1] if blocks.size else 0, np.int64)
+    for j in prange(blocks.size):
+        blk = blocks[j]
+        k, stop = ends[j] - block_bad[blk], ends[j]
+        i, end = blk * BLOCK, min((blk + 1) * BLOCK, out_lo.size)
+        while (k < stop) & (i < end):
+            if at(out_lo, i) != at(out_lo, i):
                 idx[k] = i
                 k += 1
-    return idx[:k]
+            i += 1
+    return idx
 '''.format(
     exp_taylor=horner("e", "r", [1 / math.factorial(k) for k in range(13, -1, -1)]),
     log_series=horner("w", "z", [1 / (2 * k + 1) for k in range(11, -1, -1)]),
@@ -462,7 +476,6 @@ CLOSED_PASS = '''
 UPPER_ZERO = {upper_zero}
 LOWER_ZERO = {lower_zero}
 LOWER_Y_ZERO = {lower_y_zero}
-SMALL_EDGE = {small_edge!r}
 
 
 @njit(inline="always", **OPTS)
@@ -484,9 +497,9 @@ def real_roots(a2, a1, a0, zero):
 
 
 @njit(inline="always", **OPTS)
-def closed_block(x, start, stop, delta, p_closed, at_one, out_lo, out_hi):
+def closed_block(x, start, stop, delta, p_closed, at_one, small_edge, out_lo, out_hi):
     bad = 0
-    for i in range(start, stop):
+    for i in range(np.uint64(start), np.uint64(stop)):  # unsigned: see at()
         v = np.float64(x[i])
         valid = (v > 0.0) & (v <= 1.0)
         p = v if valid else 0.5
@@ -514,7 +527,7 @@ def closed_block(x, start, stop, delta, p_closed, at_one, out_lo, out_hi):
         # may need extended precision, and which side of 0 the root falls is in doubt), and
         # the elements the table pass leaves too.  (Bitwise, not a conditional expression:
         # that one keeps the loop from vectorising.)
-        doubt = u_close | (use_y & y_close) | ((not use_y) & (r_close | (abs(rl) < SMALL_EDGE)))
+        doubt = u_close | (use_y & y_close) | ((not use_y) & (r_close | (abs(rl) < small_edge)))
         one = v == 1.0
         more = (doubt & (not one)) | (v < p_closed) | (not valid)
         out_lo[i] = NAN if more else (at_one if one else (r_y if use_y else max(rl, 0.0)))
@@ -524,12 +537,15 @@ def closed_block(x, start, stop, delta, p_closed, at_one, out_lo, out_hi):
 
 
 @njit(parallel=True, **OPTS)
-def closed_pass(x, delta, p_closed, at_one, out_lo, out_hi, block_bad):
+def closed_pass(x, delta, p_closed, at_one, small_edge, out_lo, out_hi, block_bad):
     """Ratio edges of a flat array of p for one scalar delta from the closed forms: no
-    table, no iteration, no data-dependent branch.  ``block_bad`` as in table_pass."""
+    table, no iteration, no data-dependent branch.  ``block_bad`` as in table_pass.
+    ``small_edge``: lower edges in r below it go to the exact solver (see LAYOUTS in the
+    backend: the output precision sets it)."""
     n = x.size
     for blk in prange(block_bad.size):
         start = blk * BLOCK
         stop = min(start + BLOCK, n)
-        block_bad[blk] = closed_block(x, start, stop, delta, p_closed, at_one, out_lo, out_hi)
+        block_bad[blk] = closed_block(x, start, stop, delta, p_closed, at_one, small_edge,
+                                      out_lo, out_hi)
 '''

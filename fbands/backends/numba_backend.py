@@ -75,10 +75,16 @@ __all__ = ["LAYOUTS", "kernels", "tables", "log_edges", "edges"]
 #: polynomials of degree :data:`DEG` converge fast (the nearest singularity, p = 0 or
 #: p = 1, is over 2^(kbits+1) half-widths away).  ``refine``: the float64 error bound above
 #: which a lower edge next to saturation is redone in extended precision
-#: (:func:`fbands.backends.numpy_backend.refine_near_saturation`).
+#: (:func:`fbands.backends.numpy_backend.refine_near_saturation`).  ``small_edge``: the
+#: closed-form pass leaves lower edges below it to the exact solver.  A root of the
+#: closed forms near r = 0 is off by about an ulp of their O(1) terms (~1e-16 absolute),
+#: so it is trusted where that is a small enough share of it: from 1e-3 for float64's
+#: 1e-12 bar (numpy's :data:`~fbands.backends.numpy_backend.SMALL_EDGE`) and, with the
+#: same margin, from 1e-6 for float32's 1e-9.
 LAYOUTS = {
-    "float64": {"kbits": 6, "tol": 1e-13, "refine": numpy_backend.REFINE_ABOVE},
-    "float32": {"kbits": 4, "tol": 1e-10, "refine": 1e-9},
+    "float64": {"kbits": 6, "tol": 1e-13, "refine": numpy_backend.REFINE_ABOVE,
+                "small_edge": numpy_backend.SMALL_EDGE},
+    "float32": {"kbits": 4, "tol": 1e-10, "refine": 1e-9, "small_edge": 1e-6},
 }
 #: Degree of the polynomials, coefficients per table row, and the bits of a row's code (see
 #: the template: the kernel's Horner chains are generated for this degree).
@@ -164,7 +170,7 @@ def module_source(div) -> str:
     parts.append(template.TABLE)
     if has_closed_pass(div):
         zero = {f"{k}_zero": (cf.coeffs[0] == 0, cf.coeffs[1] == 0) for k, cf in forms.items()}
-        parts.append(template.CLOSED_PASS.format(small_edge=numpy_backend.SMALL_EDGE, **zero))
+        parts.append(template.CLOSED_PASS.format(**zero))
     return "".join(parts)
 
 
@@ -427,10 +433,12 @@ def _fast(div, p, delta, *, logp, invalid, check, log):
     block_bad = np.empty(-(-x.size // BLOCK), dtype=np.int64)
     closed = LP_CLOSED if logp else math.exp(LP_CLOSED)
     at_one = lower_at_one(div, d, log)
+    layout = "float32" if p.dtype == np.float32 else "float64"
     if not (logp or log) and has_closed_pass(div):
-        mod.closed_pass(x, d, closed, at_one, out_lo, out_hi, block_bad)
+        mod.closed_pass(x, d, closed, at_one, LAYOUTS[layout]["small_edge"], out_lo, out_hi,
+                        block_bad)
     else:
-        tab = tables(div, d, "float32" if p.dtype == np.float32 else "float64")[bool(log)]
+        tab = tables(div, d, layout)[bool(log)]
         mod.table_pass(x, bool(logp), bool(log), tab.coef, tab.row_code, tab.cells_info,
                        tab.kbits, NB_LO, NB_HI, closed, at_one, out_lo, out_hi, block_bad)
     if block_bad.any():  # a few elements left: the exact path, on those alone
