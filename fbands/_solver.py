@@ -72,7 +72,8 @@ class BandFunction:
         self.F, self.dF, self.closed = div.kernels(xp) if kernels is None else kernels
         self.x = inputs
         self.p_over_q = xp.exp(inputs.lp - inputs.lq)
-        self.f0 = div.f0
+        number = getattr(xp, "from_decimal", None)  # a namespace of extended precision
+        self.f0 = div.f0 if number is None else number(div.derivation.f0_text)
 
     def s_c(self, s):
         xp, x = self.xp, self.x

@@ -121,17 +121,26 @@ class Divergence:
     def sources(self) -> dict[str, str]:
         """Generated Python source of ``F`` (near and far forms), ``F'`` and the closed-form
         coefficients, over bare function names (see :func:`fbands.symbolic.compile_expr`)."""
+        return self._sources(numbers=False)
+
+    @cached_property
+    def extended_sources(self) -> dict[str, str]:
+        """:attr:`sources` with their constants to 30 digits, through the namespace's
+        ``from_decimal`` (for arithmetic finer than float64)."""
+        return self._sources(numbers=True)
+
+    def _sources(self, numbers: bool) -> dict[str, str]:
         d = self.derivation
         out = {
-            "F_near": symbolic.compile_expr(d.F_near, (symbolic.S,)),
-            "F_far": symbolic.compile_expr(d.F_far, (symbolic.S,)),
-            "dF": symbolic.compile_expr(d.dF, (symbolic.S,)),
+            "F_near": symbolic.compile_expr(d.F_near, (symbolic.S,), numbers=numbers),
+            "F_far": symbolic.compile_expr(d.F_far, (symbolic.S,), numbers=numbers),
+            "dF": symbolic.compile_expr(d.dF, (symbolic.S,), numbers=numbers),
         }
         for edge, cf in (("upper", d.upper), ("lower", d.lower), ("lower_y", d.lower_y)):
             if cf is not None:
                 for i, c in zip((2, 1, 0), cf.coeffs, strict=True):
                     out[f"{edge}_a{i}"] = symbolic.compile_expr(
-                        c, (symbolic.P, symbolic.Q, symbolic.D)
+                        c, (symbolic.P, symbolic.Q, symbolic.D), numbers=numbers
                     )
         return out
 
@@ -139,17 +148,21 @@ class Divergence:
         """``(F, dF, closed)`` bound to a backend's functions.
 
         ``namespace`` is a module or mapping providing ``exp``, ``expm1``, ``log``, ``log1p``,
-        ``sqrt``, ``sinh``, ``cosh``, ``sign``, ``where`` and ``abs``.  ``F`` selects the near
-        form for ``|s| < NEAR``.  ``closed`` maps ``"upper"``/``"lower"`` to a function
-        ``(p, q, delta) -> (a2, a1, a0)`` and a ``squared`` flag, for the edges that have one.
+        ``sqrt``, ``sinh``, ``cosh``, ``sign``, ``where`` and ``abs``; one that also provides
+        ``from_decimal`` (a constructor from a decimal string) gets :attr:`extended_sources`.
+        ``F`` selects the near form for ``|s| < NEAR``.  ``closed`` maps ``"upper"`` /
+        ``"lower"`` to a function ``(p, q, delta) -> (a2, a1, a0)`` and a ``squared`` flag,
+        for the edges that have one.
         """
         key = id(namespace)
         cache = self.__dict__.setdefault("_kernel_cache", {})
         if key in cache:
             return cache[key]
         ns = namespace if isinstance(namespace, dict) else vars(namespace)
-        ns = {k: ns[k] for k in (*symbolic._FUNCTIONS, "abs")}
-        src = self.sources
+        extended = "from_decimal" in ns
+        names = (*symbolic._FUNCTIONS, "abs", *(("from_decimal",) if extended else ()))
+        ns = {k: ns[k] for k in names}
+        src = self.extended_sources if extended else self.sources
         far = symbolic.bind(src["F_far"], ns)
         if src["F_near"] == src["F_far"]:
             F = far

@@ -80,6 +80,7 @@ class Derivation:
     tail0: tuple[float, float, int, float] | None = None  # f ~ u**k (A (log u)**m + B), u -> 0
     tail_inf: tuple[float, float, int, float] | None = None  # ... as u -> inf
     lower_y: ClosedForm | None = None  # the lower edge's polynomial in y = 1 - r
+    f0_text: str = "nan"  # f(0+) to 30 digits (for arithmetic finer than float64)
 
 
 # ----------------------------------------------------------------------------- derivation
@@ -248,7 +249,8 @@ def derive(f: sp.Expr, *, closed_forms: bool = True) -> Derivation:
     dF = sp.diff(F, S)
     # simplify() turns sign(x) into x / |x|, which overflows for large x: keep sign then.
     dF = _optimize(dF if dF.has(sp.sign, sp.Abs) else sp.simplify(dF))
-    f0 = _to_float(sp.limit(f, U, 0, "+"))
+    f0_exact = sp.limit(f, U, 0, "+")
+    f0 = _to_float(f0_exact)
     fpinf = _to_float(sp.limit(f / U, U, sp.oo))
     fpp1 = _curvature_at_one(f)
     upper = _closed_form(f, "upper") if closed_forms else None
@@ -256,18 +258,27 @@ def derive(f: sp.Expr, *, closed_forms: bool = True) -> Derivation:
     tail0 = _tail(f, 0) if math.isinf(f0) else None
     tail_inf = _tail(f, sp.oo)
     lower_y = _closed_form(f, "lower_y") if lower is not None else None
+    f0_text = str(sp.N(f0_exact, 30)) if math.isfinite(f0) else repr(f0)
     return Derivation(f, F_near, F_far, dF, f0, fpinf, fpp1, upper, lower, tail0, tail_inf,
-                      lower_y)
+                      lower_y, f0_text)
 
 
 # ----------------------------------------------------------------------------- code generation
 
 
 class _Printer(PythonCodePrinter):
-    """Python source over bare function names, for arrays, tensors and numba scalars."""
+    """Python source over bare function names, for arrays, tensors and numba scalars.
 
-    def __init__(self):
+    ``numbers``: write every number that is not an integer as ``from_decimal("<30 digits>")``, for
+    a namespace whose ``from_decimal`` makes a value of a precision finer than float64.
+    """
+
+    def __init__(self, numbers: bool = False):
         super().__init__({"fully_qualified_modules": False, "standard": "python3"})
+        self.numbers = numbers
+
+    def _number(self, x: sp.Expr) -> str:
+        return f'from_decimal("{sp.N(x, 30)}")' if self.numbers else f"({float(x)!r})"
 
     def _call(self, name, expr):
         return f"{name}({', '.join(self._print(a) for a in expr.args)})"
@@ -315,10 +326,10 @@ class _Printer(PythonCodePrinter):
         return out
 
     def _print_Rational(self, expr):
-        return f"({float(expr)!r})"
+        return self._number(expr)
 
     def _print_Float(self, expr):
-        return repr(float(expr))
+        return self._number(expr)
 
 
 def _numeric_constants(expr: sp.Expr) -> sp.Expr:
@@ -329,9 +340,10 @@ def _numeric_constants(expr: sp.Expr) -> sp.Expr:
     )
 
 
-def compile_expr(expr: sp.Expr, args: tuple[sp.Symbol, ...]) -> str:
-    """Python source of a function ``_fn(*args)`` evaluating ``expr``."""
-    body = _Printer().doprint(_numeric_constants(expr))
+def compile_expr(expr: sp.Expr, args: tuple[sp.Symbol, ...], *, numbers: bool = False) -> str:
+    """Python source of a function ``_fn(*args)`` evaluating ``expr`` (``numbers``: see
+    :class:`_Printer`)."""
+    body = _Printer(numbers).doprint(_numeric_constants(expr))
     return f"def _fn({', '.join(a.name for a in args)}):\n    return {body}\n"
 
 

@@ -144,6 +144,72 @@ def test_lower_edges_next_to_saturation_are_exact(div, p, delta):
     assert _rel_err(lo, r_lo) <= 1e-13
 
 
+HAS_EXTENDED = np.finfo(np.longdouble).eps < np.finfo(np.float64).eps / 8
+SATURATING = [d for d in DIVS
+              if math.isfinite((TRIANGULAR if d == "triangular" else fbands.get(d)).f0)]
+
+
+def _saturation_threshold(div, delta):
+    """The p at which the lower edge reaches 0, g(p, 0) = delta, by 60-digit bisection."""
+    f = ref.TABLE[div]
+    with mp.workdps(ref.DPS):
+        lo, hi = mp.mpf("1e-9"), 1 - mp.mpf("1e-9")
+        for _ in range(120):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if ref.g(f, mid, mp.mpf(0)) <= delta else (lo, mid)
+        return float((lo + hi) / 2)
+
+
+@pytest.mark.skipif(not HAS_EXTENDED, reason="long double is float64 on this platform")
+@pytest.mark.parametrize("div", SATURATING)
+def test_extended_precision_settles_the_refinements(div, monkeypatch):
+    """Newton steps in long double, vectorised over the elements float64 cannot resolve,
+    agree with the 40-digit path.  They leave it the edges that need more than long
+    double's 19 digits (r below about 1e-9): a few of evenly spread p (as in data), more of
+    p crowding the threshold.  Some points are checked against the 60-digit reference."""
+    assert {"js", "tv", "chi2", "hellinger"} <= set(SATURATING)
+    delta = 0.05
+    t = np.concatenate((np.linspace(2e-3, 2e-5, 40), np.geomspace(1e-5, 1e-10, 20)))
+    even = np.concatenate((np.arange(t.size) < 40,) * 2)
+    p = _saturation_threshold(div, delta) * np.concatenate((1 - t, 1 + t))
+    for logp in (False, True):
+        x = NumpyInputs(np.log(p) if logp else p, delta, logp=logp, invalid="raise", check=True)
+        inputs = _solver.Inputs(x.lp, x.lq, x.p, x.q, x.delta)
+        with np.errstate(all="ignore"):
+            s_lo, _ = _solver.solve(fbands.get(div), numpy_backend.xp, inputs)
+        suspect = numpy_backend.near_saturation(fbands.get(div), inputs, s_lo)
+        assert suspect.sum() >= 20
+        got, left = numpy_backend._refine_extended(
+            fbands.get(div), inputs, s_lo, suspect, from_logp=logp,
+            above=numpy_backend.REFINE_ABOVE)
+        assert left[even].sum() <= suspect[even].sum() // 10, (div, logp)
+        with monkeypatch.context() as m:
+            m.setattr(numpy_backend, "_refine_extended", lambda d, x, s, sus, **k: (s, sus))
+            slow = numpy_backend.refine_near_saturation(fbands.get(div), inputs, s_lo,
+                                                        from_logp=logp)
+        done = suspect & ~left
+        assert np.array_equal(np.isinf(got[done]), np.isinf(slow[done]))
+        finite = done & np.isfinite(slow)
+        assert np.max(np.abs(np.expm1(got[finite] - slow[finite])), initial=0.0) <= 1e-14
+    lo, _ = band(p[::12], delta, div)
+    for pi, li in zip(p[::12], lo, strict=True):
+        assert _rel_err(li, ref.edges(ref.TABLE[div], pi, delta)[0]) <= 1e-13, (div, pi)
+
+
+@pytest.mark.skipif(not HAS_EXTENDED, reason="long double is float64 on this platform")
+def test_extended_kernels_carry_their_constants_to_full_precision():
+    """js's F holds log 2: in long double it must come to 30 digits, not as a float64."""
+    div = fbands.get("js")
+    F = div.kernels(numpy_backend.xp_extended)[0]
+    s = np.array([-30.0, -3.0, -0.5, 0.25, 4.0], dtype=np.longdouble)
+    got = F(s)
+    assert got.dtype == np.longdouble
+    with mp.workdps(40):
+        for si, gi in zip(s, got, strict=True):
+            want = div.mpmath_f(mp.exp(mp.mpf(float(si))))
+            assert abs(mp.mpf(str(gi)) - want) <= 64 * np.finfo(np.longdouble).eps * abs(want)
+
+
 # ----------------------------------------------------------------------------- limits
 
 
