@@ -472,7 +472,8 @@ def unfinished(out_lo, block_bad):
 CLOSED_PASS = '''
 
 # Which coefficients vanish identically, per form (a2, a1): compile-time constants, so the
-# branches of real_roots on them fold away and tv or chi2 cost one division or one sqrt.
+# branches of real_roots on them fold away (tv's forms are linear, chi2's y-forms have no
+# linear term).  The form in r is not solved, only used for one Newton step (see below).
 UPPER_ZERO = {upper_zero}
 LOWER_ZERO = {lower_zero}
 LOWER_Y_ZERO = {lower_y_zero}
@@ -511,23 +512,27 @@ def closed_block(x, start, stop, delta, p_closed, at_one, small_edge, out_lo, ou
                                      np.float64(upper_a0(p, q, delta)), UPPER_ZERO)
         y = min(u1 if u1 > 0.0 else INF, u2 if u2 > 0.0 else INF)
         hi = min(1.0 + y, inv)
-        # Lower edge near 1: the smallest root in (0, 1) of the form in y = 1 - r ...
+        # Lower edge: the smallest positive root of the form in y = 1 - r (none, or one
+        # at y >= 1: saturated) ...
         l1, l2, y_close = real_roots(np.float64(lower_y_a2(p, q, delta)),
                                      np.float64(lower_y_a1(p, q, delta)),
                                      np.float64(lower_y_a0(p, q, delta)), LOWER_Y_ZERO)
-        yl = min(l1 if (l1 > 0.0) & (l1 < 1.0) else INF, l2 if (l2 > 0.0) & (l2 < 1.0) else INF)
-        r_y = max(1.0 - yl, 0.0)
-        # ... and near 0 the largest root below 1 of the form in r (no 1 - y cancellation).
-        m1, m2, r_close = real_roots(np.float64(lower_a2(p, q, delta)),
-                                     np.float64(lower_a1(p, q, delta)),
-                                     np.float64(lower_a0(p, q, delta)), LOWER_ZERO)
-        rl = max(m1 if m1 < 1.0 else -INF, m2 if m2 < 1.0 else -INF)
+        r_raw = 1.0 - min(l1 if l1 > 0.0 else INF, l2 if l2 > 0.0 else INF)
+        r_y = max(r_raw, 0.0)
+        # ... which is off by an ulp of 1, too much for a small edge: below 1/2 one Newton
+        # step on the form in r (no 1 - y there) brings it to that form's own accuracy.
+        a2 = np.float64(lower_a2(p, q, delta))
+        a1 = np.float64(lower_a1(p, q, delta))
+        a0 = np.float64(lower_a0(p, q, delta))
+        step = ((a2 * r_y + a1) * r_y + a0) / (2.0 * a2 * r_y + a1)
+        rl = r_y - step if r_raw > 0.0 else r_raw
+        r_close = (not LOWER_ZERO[0]) & (a1 * a1 - 4.0 * a2 * a0 < 1e-2 * a1 * a1)
         use_y = r_y >= 0.5
         # Left to the exact solver: nearly equal roots, lower edges next to saturation (they
         # may need extended precision, and which side of 0 the root falls is in doubt), and
         # the elements the table pass leaves too.  (Bitwise, not a conditional expression:
         # that one keeps the loop from vectorising.)
-        doubt = u_close | (use_y & y_close) | ((not use_y) & (r_close | (abs(rl) < small_edge)))
+        doubt = u_close | y_close | ((not use_y) & (r_close | (abs(rl) < small_edge)))
         one = v == 1.0
         more = (doubt & (not one)) | (v < p_closed) | (not valid)
         out_lo[i] = NAN if more else (at_one if one else (r_y if use_y else max(rl, 0.0)))
