@@ -498,6 +498,15 @@ def real_roots(a2, a1, a0, zero):
 
 
 @njit(inline="always", **OPTS)
+def newton_step(a2, a1, a0, v, zero):
+    """The Newton step P(v) / P'(v) of P = a2 v^2 + a1 v + a0 (a linear P: its exact root's
+    distance, through the reciprocal real_roots shares)."""
+    if zero[0]:
+        return (a1 * v + a0) * (1.0 / a1)
+    return ((a2 * v + a1) * v + a0) / (2.0 * a2 * v + a1)
+
+
+@njit(inline="always", **OPTS)
 def closed_block(x, start, stop, delta, p_closed, at_one, small_edge, out_lo, out_hi):
     bad = 0
     for i in range(np.uint64(start), np.uint64(stop)):  # unsigned: see at()
@@ -524,8 +533,7 @@ def closed_block(x, start, stop, delta, p_closed, at_one, small_edge, out_lo, ou
         a2 = np.float64(lower_a2(p, q, delta))
         a1 = np.float64(lower_a1(p, q, delta))
         a0 = np.float64(lower_a0(p, q, delta))
-        step = ((a2 * r_y + a1) * r_y + a0) / (2.0 * a2 * r_y + a1)
-        rl = r_y - step if r_raw > 0.0 else r_raw
+        rl = r_y - newton_step(a2, a1, a0, r_y, LOWER_ZERO) if r_raw > 0.0 else r_raw
         r_close = (not LOWER_ZERO[0]) & (a1 * a1 - 4.0 * a2 * a0 < 1e-2 * a1 * a1)
         use_y = r_y >= 0.5
         # Left to the exact solver: nearly equal roots, lower edges next to saturation (they
