@@ -72,22 +72,21 @@ def near_saturation(div, x: Inputs, s_lo, above: float = REFINE_ABOVE):
         if not suspect.any():
             return suspect
         s = np.where(suspect & np.isfinite(s_lo), s_lo, -1.0)
-        _, _, bound = _root_error(fun, s)
+        bound = _root_error(fun, s)
         # A saturated edge (r = 0) is in doubt only when g(0) is within rounding of delta.
         tie = np.abs(g0 - x.delta) <= 32 * np.finfo(np.float64).eps * x.delta
     return suspect & np.where(np.isfinite(s_lo), ~(bound <= above), tie)
 
 
 def _root_error(fun: BandFunction, s):
-    """``(g(s), g'(s), bound)``: the error bound of a root at ``s`` of ``g = delta`` found
-    in the precision of ``s``'s dtype, ``8 eps (|p F| + |q F_c|) / |g'(s)|`` (eight ulp of
-    each term of g; relative in r)."""
+    """Error bound of a root at ``s`` of ``g = delta`` found in the precision of ``s``'s
+    dtype: ``8 eps (|p F| + |q F_c|) / |g'(s)|`` (eight ulp of each term of g; relative in
+    r)."""
     x = fun.x
     fc, _ = fun._F_c(fun.s_c(s))
-    f = fun.F(s)
-    g, slope = fun.value_and_slope(s)
+    _, slope = fun.value_and_slope(s)
     eps = np.finfo(np.result_type(s)).eps
-    return g, slope, 8 * eps * (np.abs(x.p * f) + np.abs(x.q * fc)) / np.abs(slope)
+    return 8 * eps * (np.abs(x.p * fun.F(s)) + np.abs(x.q * fc)) / np.abs(slope)
 
 
 #: The extended type of the middle tier of refinement: 80-bit x87 on x86-64 Linux (eps 1e-19),
@@ -131,7 +130,7 @@ def _refine_extended(div, x: Inputs, s_lo, suspect, *, from_logp: bool, above: f
         g, slope = fun.value_and_slope(s)
         step = (g - xe.delta) / slope
         s = np.minimum(s - step, 0.0)
-    _, _, bound = _root_error(fun, s)
+    bound = _root_error(fun, s)
     root = (g0 - xe.delta > tie) & np.isfinite(start) & (np.abs(step) <= above) & (bound <= above)
     done = saturated | root
     out = np.array(s_lo, dtype=np.float64, copy=True)
