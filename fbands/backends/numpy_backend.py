@@ -98,9 +98,9 @@ xp_extended = _Namespace({**NAMESPACE, "from_decimal": EXTENDED})
 #: Newton steps in the extended type from the float64 root.  The tier can only succeed where
 #: its error bound, the float64 one times eps_ext / eps_64 (1/2048 for 80-bit), is below the
 #: threshold (1e-14 for float64 output), so the float64 root it starts from is good to
-#: 2e-11 (to 2e-6 for float32 output's 1e-9): quadratic convergence needs two steps; the
-#: third shows that the root has settled.
-EXTENDED_STEPS = 3
+#: 2e-11 (to 2e-6 for float32 output's 1e-9): by quadratic convergence one step takes it
+#: below 1e-20, and the second, as small as that error, shows that the root has settled.
+EXTENDED_STEPS = 2
 
 
 def _refine_extended(div, x: Inputs, s_lo, suspect, *, from_logp: bool, above: float):
