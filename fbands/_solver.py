@@ -101,20 +101,30 @@ class BandFunction:
         return x.p * self.F(s) + x.q * Fc
 
     def value_and_slope(self, s):
+        g_r, g_c, slope = self.terms_and_slope(s)
+        return g_r + g_c, slope
+
+    def terms_and_slope(self, s):
+        """``(p F(s), q F(s_c), g'(s))``: g's two terms apart (their sizes bound its
+        rounding)."""
         xp, x = self.xp, self.x
         sc = self.s_c(s)
         Fc, at_zero = self._F_c(sc)
-        g = x.p * self.F(s) + x.q * Fc
         safe = xp.where(at_zero, 0.0, sc)
         slope = x.p * (self.dF(s) - xp.exp(s - safe) * self.dF(safe))
-        return g, xp.where(at_zero, math.inf, slope)
+        return x.p * self.F(s), x.q * Fc, xp.where(at_zero, math.inf, slope)
 
     # -- saturation -----------------------------------------------------------------------
 
     def at_zero(self):
         """``g`` at ``r = 0``: ``p f(0) + q f(1/q)``."""
+        g_r, g_c = self.zero_terms()
+        return g_r + g_c
+
+    def zero_terms(self):
+        """The two terms of :meth:`at_zero` apart."""
         x = self.x
-        return self._times(x.p, self.f0) + x.q * self.F(-x.lq)
+        return self._times(x.p, self.f0), x.q * self.F(-x.lq)
 
     def at_top(self):
         """``g`` at ``r = 1/p``: ``p f(1/p) + q f(0)``."""

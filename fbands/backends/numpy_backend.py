@@ -82,11 +82,9 @@ def _root_error(fun: BandFunction, s):
     """Error bound of a root at ``s`` of ``g = delta`` found in the precision of ``s``'s
     dtype: ``8 eps (|p F| + |q F_c|) / |g'(s)|`` (eight ulp of each term of g; relative in
     r)."""
-    x = fun.x
-    fc, _ = fun._F_c(fun.s_c(s))
-    _, slope = fun.value_and_slope(s)
+    g_r, g_c, slope = fun.terms_and_slope(s)
     eps = np.finfo(np.result_type(s)).eps
-    return 8 * eps * (np.abs(x.p * fun.F(s)) + np.abs(x.q * fc)) / np.abs(slope)
+    return 8 * eps * (np.abs(g_r) + np.abs(g_c)) / np.abs(slope)
 
 
 #: The extended type of the middle tier of refinement: 80-bit x87 on x86-64 Linux (eps 1e-19),
@@ -120,8 +118,9 @@ def _refine_extended(div, x: Inputs, s_lo, suspect, *, from_logp: bool, above: f
     xe = Inputs(lp, np.log(q), p, q, x.delta[suspect].astype(ld))
     fun = BandFunction(div, xp_extended, xe)
     eps = np.finfo(ld).eps
-    g0 = fun.at_zero()
-    tie = 8 * eps * (np.abs(fun._times(p, fun.f0)) + np.abs(q * fun.F(-xe.lq)))
+    g0_r, g0_c = fun.zero_terms()
+    g0 = g0_r + g0_c
+    tie = 8 * eps * (np.abs(g0_r) + np.abs(g0_c))
     saturated = g0 - xe.delta < -tie
     start = s_lo[suspect]
     s = np.where(np.isfinite(start), start, -1.0).astype(ld)
