@@ -494,7 +494,16 @@ def real_roots(a2, a1, a0, zero):
         return v, -v, False
     disc = a1 * a1 - 4.0 * a2 * a0
     t = -0.5 * (a1 + math.copysign(sqrt(disc), a1))
-    return t * (1.0 / a2), a0 / t, disc < 1e-2 * a1 * a1
+    return t * (1.0 / a2), a0 / t, nearly_double(a2, a1, a0, zero)
+
+
+@njit(inline="always", **OPTS)
+def nearly_double(a2, a1, a0, zero):
+    """Whether the roots of a2 v^2 + a1 v + a0 are ill-conditioned (nearly equal; as the
+    shared solver's closed forms judge it)."""
+    if zero[0] | zero[1]:
+        return False
+    return a1 * a1 - 4.0 * a2 * a0 < 1e-2 * a1 * a1
 
 
 @njit(inline="always", **OPTS)
@@ -534,7 +543,7 @@ def closed_block(x, start, stop, delta, p_closed, at_one, small_edge, out_lo, ou
         a1 = np.float64(lower_a1(p, q, delta))
         a0 = np.float64(lower_a0(p, q, delta))
         rl = r_y - newton_step(a2, a1, a0, r_y, LOWER_ZERO) if r_raw > 0.0 else r_raw
-        r_close = (not LOWER_ZERO[0]) & (a1 * a1 - 4.0 * a2 * a0 < 1e-2 * a1 * a1)
+        r_close = nearly_double(a2, a1, a0, LOWER_ZERO)
         use_y = r_y >= 0.5
         # Left to the exact solver: nearly equal roots, lower edges next to saturation (they
         # may need extended precision, and which side of 0 the root falls is in doubt), and
