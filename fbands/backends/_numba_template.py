@@ -27,6 +27,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from fbands.backends.numba_backend import is_float64
+
 exp = math.exp
 expm1 = math.expm1
 log = math.log
@@ -516,12 +518,13 @@ def newton_step(a2, a1, a0, v, zero):
 
 
 @njit(inline="always", **OPTS)
-def closed_block(x, start, stop, delta, p_closed, at_one, small_edge, out_lo, out_hi):
+def closed_block(x, start, stop, delta, p_floor, at_one, small_edge, out_lo, out_hi):
     bad = 0
     for i in range(np.uint64(start), np.uint64(stop)):  # unsigned: see at()
-        v = np.float64(x[i])
-        valid = (v > 0.0) & (v <= 1.0)
-        p = v if valid else 0.5
+        p = np.float64(x[i])
+        # p outside [p_floor, 1], nan included, is left to the exact solver (which judges
+        # it); the results computed for it here are never stored.
+        valid = (p >= p_floor) & (p <= 1.0)
         q = 1.0 - p
         inv = 1.0 / p
         # Upper edge: the smallest positive root in y = r - 1; none below 1 / p: saturated.
@@ -536,23 +539,30 @@ def closed_block(x, start, stop, delta, p_closed, at_one, small_edge, out_lo, ou
                                      np.float64(lower_y_a1(p, q, delta)),
                                      np.float64(lower_y_a0(p, q, delta)), LOWER_Y_ZERO)
         r_raw = 1.0 - min(l1 if l1 > 0.0 else INF, l2 if l2 > 0.0 else INF)
-        r_y = max(r_raw, 0.0)
-        # ... which is off by an ulp of 1, too much for a small edge: below 1/2 one Newton
-        # step on the form in r (no 1 - y there) brings it to that form's own accuracy.
+        below_half = r_raw < 0.5
+        # ... which is off by an ulp of 1, too much for a small float64 edge: below 1/2 one
+        # Newton step on the form in r (no 1 - y there) brings it to that form's own
+        # accuracy.  A float32 output has no use for it (and saves its division): an ulp of
+        # 1 is under 1e-9 of an edge above small_edge, far below an ulp of float32.
         a2 = np.float64(lower_a2(p, q, delta))
         a1 = np.float64(lower_a1(p, q, delta))
         a0 = np.float64(lower_a0(p, q, delta))
-        rl = r_y - newton_step(a2, a1, a0, r_y, LOWER_ZERO) if r_raw > 0.0 else r_raw
-        r_close = nearly_double(a2, a1, a0, LOWER_ZERO)
-        use_y = r_y >= 0.5
+        rl = r_raw
+        if is_float64(out_lo):
+            polish = below_half & (r_raw > 0.0)
+            rl = r_raw - newton_step(a2, a1, a0, r_raw, LOWER_ZERO) if polish else r_raw
         # Left to the exact solver: nearly equal roots, lower edges next to saturation (they
         # may need extended precision, and which side of 0 the root falls is in doubt), and
         # the elements the table pass leaves too.  (Bitwise, not a conditional expression:
         # that one keeps the loop from vectorising.)
-        doubt = u_close | y_close | ((not use_y) & (r_close | (abs(rl) < small_edge)))
-        one = v == 1.0
-        more = (doubt & (not one)) | (v < p_closed) | (not valid)
-        out_lo[i] = NAN if more else (at_one if one else (r_y if use_y else max(rl, 0.0)))
+        doubt = (u_close | y_close | (below_half & nearly_double(a2, a1, a0, LOWER_ZERO))
+                 | (abs(rl) < small_edge))
+        one = p == 1.0
+        more = (doubt & (not one)) | (not valid)
+        lo = max(rl, 0.0)  # one select per statement: the loop then stores once, not
+        lo = at_one if one else lo  # three times under masks
+        lo = NAN if more else lo
+        out_lo[i] = lo
         out_hi[i] = 1.0 if one else hi
         bad += more
     return bad
@@ -565,9 +575,10 @@ def closed_pass(x, delta, p_closed, at_one, small_edge, out_lo, out_hi, block_ba
     ``small_edge``: lower edges in r below it go to the exact solver (see LAYOUTS in the
     backend: the output precision sets it)."""
     n = x.size
+    p_floor = max(p_closed, 5e-324)  # p = 0 is invalid
     for blk in prange(block_bad.size):
         start = blk * BLOCK
         stop = min(start + BLOCK, n)
-        block_bad[blk] = closed_block(x, start, stop, delta, p_closed, at_one, small_edge,
+        block_bad[blk] = closed_block(x, start, stop, delta, p_floor, at_one, small_edge,
                                       out_lo, out_hi)
 '''

@@ -56,7 +56,8 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
-import numba  # noqa: F401  (the import error tells bands.py that this backend is unusable)
+import numba  # (the import error tells bands.py that this backend is unusable)
+import numba.extending
 import numpy as np
 
 from fbands import _solver, symbolic
@@ -113,6 +114,18 @@ _AT_ONE: dict = {}
 
 
 # ----------------------------------------------------------------------------- generated code
+
+
+def is_float64(a):
+    """Whether array ``a`` holds float64: in the generated kernels, a constant of each
+    compiled type, so a branch on it is decided at compile time."""
+    return a.dtype == np.float64
+
+
+@numba.extending.overload(is_float64)
+def _is_float64(a):
+    value = a.dtype == numba.types.float64
+    return lambda a: value
 
 
 def cache_dir() -> Path:
