@@ -9,7 +9,10 @@ Two references are timed in the same run, on the same data:
 * ``copy``: a plain memory copy of the same array (numpy ``copy``), the physical floor.
 
 Each result reports ``speedup_vs_bisection`` (bisection time / backend time, same
-divergence, dtype and N) and ``x_copy`` (backend time / copy time).
+divergence, dtype and N) and ``x_copy`` (backend time / copy time).  The copy of ``x_copy``
+is timed in the same loop as the backend, call for call (see :func:`timeit`): on a shared
+virtual machine the speed of both drifts by up to 1.5x from one second to the next, and a
+ratio of two times taken at different moments would measure that drift.
 
 Run::
 
@@ -113,17 +116,22 @@ def bisection_reference(p, delta: float, div: str, iters: int = 50, tol: float =
 # ----------------------------------------------------------------------------- timing
 
 
-def timeit(fn, repeat: int) -> float:
+def timeit(fn, repeat: int, beside=None):
     """Best of ``repeat`` timed calls after a warm-up call (compilation, table building):
     on a shared virtual machine the minimum is what the code costs, the rest is the
-    neighbours."""
-    fn()
-    times = []
+    neighbours.  With ``beside``, that function is timed too, alternating with ``fn``
+    call for call, and both best times are returned."""
+    fns = (fn,) if beside is None else (fn, beside)
+    times = [[] for _ in fns]
+    for f in fns:
+        f()
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.min(times))
+        for f, t in zip(fns, times, strict=True):
+            t0 = time.perf_counter()
+            f()
+            t.append(time.perf_counter() - t0)
+    best = [float(np.min(t)) for t in times]
+    return best[0] if beside is None else tuple(best)
 
 
 def machine() -> dict:
@@ -191,7 +199,7 @@ def run(quick: bool) -> dict:
             data[key] = make_p(n, np.dtype(dtype), dist)
         p = data[key]
         t_p = torch.from_numpy(p)
-        repeat = 9 if n <= 32_768 else (7 if n <= 1_000_000 else 3)
+        repeat = 25 if n <= 32_768 else (15 if n <= 1_000_000 else 5)
         if (div, dtype, size, dist) not in refs:
             copy_s = timeit(lambda p=p: p.copy(), max(repeat, 3))
             # bisection costs about 3 us per token here: at 16M only the headline case
@@ -204,7 +212,7 @@ def run(quick: bool) -> dict:
                 if secs is not None:
                     rows.append({"backend": name, "div": div, "dtype": dtype, "n": n,
                                  "size": size, "data": dist, "ns_per_token": secs / n * 1e9})
-        copy_s, bis_s = refs[(div, dtype, size, dist)]
+        _, bis_s = refs[(div, dtype, size, dist)]
         if backend == "numba":
             fn = lambda p=p, d=div: fbands.bounds(p, DELTA, d, backend="numba")  # noqa: E731
         elif backend == "numpy":
@@ -213,10 +221,11 @@ def run(quick: bool) -> dict:
             torch_backend.CPU_KERNEL = "numba" if backend == "torch" else "torch"
             torch_backend.USE_TABLES = backend != "torch-native"
             fn = lambda t=t_p, d=div: fbands.bounds(t, DELTA, d)  # noqa: E731
-        secs = timeit(fn, 1 if backend in ("numpy", "torch-native") else repeat)
+        secs, copy_beside = timeit(fn, 1 if backend in ("numpy", "torch-native") else repeat,
+                                   beside=lambda p=p: p.copy())
         torch_backend.CPU_KERNEL, torch_backend.USE_TABLES = "numba", True
         row = {"backend": backend, "div": div, "dtype": dtype, "n": n, "size": size,
-               "data": dist, "ns_per_token": secs / n * 1e9, "x_copy": secs / copy_s}
+               "data": dist, "ns_per_token": secs / n * 1e9, "x_copy": secs / copy_beside}
         if bis_s is not None:
             row["speedup_vs_bisection"] = bis_s / secs
         rows.append(row)
@@ -244,8 +253,9 @@ def markdown(report: dict) -> str:
         "sync). "
         "`bisection` = the published algorithm's shape (torch, 50 iterations per edge, a "
         "host sync per iteration); `copy` = numpy copy of the same array. Each time is the "
-        "best of 9 (32k), 7 (1M) or 3 (16M) calls after a warm-up call (the bisection: 3, "
-        "and 1 at 16M).",
+        "best of 25 (32k), 15 (1M) or 5 (16M) calls after a warm-up call (the bisection: 3, "
+        "and 1 at 16M; numpy and torch-native: 1). `x copy` divides by a copy timed in the "
+        "same loop, call for call with the backend; the `copy` rows are timed alone.",
         "",
         "| backend | div | dtype | N | data | ns/token | speed-up vs bisection | x copy |",
         "|---|---|---|---|---|---:|---:|---:|",
