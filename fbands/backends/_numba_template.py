@@ -247,7 +247,7 @@ def solve_arrays(lp, lq, p, q, delta, out_lo, out_hi):
 
 '''
 
-def horner(acc: str, var: str, coeffs) -> str:
+def horner_lines(acc: str, var: str, coeffs) -> str:
     """Statements evaluating ``acc = sum c_i var^(n - i)`` by Horner's rule (highest power
     first), with the coefficients as literals: the generated kernels get the chain unrolled,
     which is what lets their loops vectorise, without the chain being written out here."""
@@ -262,7 +262,6 @@ def _row_horner() -> str:
         lines += [f"    a = a * u + at(coef, k + {2 * j})",
                   f"    h = h * u + at(coef, k + {2 * j + 1})"]
     return "\n".join(lines)
-
 
 
 TABLE = '''
@@ -366,6 +365,15 @@ def table_row(z, cells_info, kbits, nb, off):
 
 
 @njit(inline="always", **OPTS)
+def lower_out(lo, one, more, at_one):
+    """The lower edge a pass stores: nan for an element left to the exact solver, the
+    limit at p = 1, or ``lo``.  One select per statement: as one nested expression the
+    loop stores three times under masks instead of once."""
+    lo = at_one if one else lo
+    return NAN if more else lo
+
+
+@njit(inline="always", **OPTS)
 def horner(coef, row, u):
 {row_horner}
     return a, h
@@ -378,8 +386,8 @@ def block_p(x, start, stop, want_log, coef, row_code, cells_info, kbits, nb_lo, 
     bad = 0
     for i in range(np.uint64(start), np.uint64(stop)):  # unsigned: see at()
         v = np.float64(x[i])
-        valid = (v > 0.0) & (v <= 1.0)
-        v = v if valid else 0.5
+        valid = (v >= p_closed) & (v <= 1.0)  # (nan fails; p_closed > 0)
+        v = v if valid else 0.5  # any p that reads a cell: the element is solved apart
         high = v > 0.5
         z = 1.0 - v if high else v  # exact (Sterbenz) on both sides
         row, u = table_row(z, cells_info, kbits, nb_hi if high else nb_lo,
@@ -388,8 +396,8 @@ def block_p(x, start, stop, want_log, coef, row_code, cells_info, kbits, nb_lo, 
         code = at(row_code, row)
         top = 0.0 - vlog(v) if want_log else 1.0 / v  # (0.0 - : log 1 gives +0.0)
         one = v == 1.0
-        more = (((code & ROW_EXACT) != 0) & (not one)) | (v < p_closed) | (not valid)
-        out_lo[i] = NAN if more else (at_one if one else lo)
+        more = (((code & ROW_EXACT) != 0) & (not one)) | (not valid)
+        out_lo[i] = lower_out(lo, one, more, at_one)
         out_hi[i] = top if ((code & ROW_TOP) != 0) | one else hi
         bad += more
     return bad
@@ -402,20 +410,19 @@ def block_logp(x, start, stop, want_log, coef, row_code, cells_info, kbits, nb_l
     bad = 0
     for i in range(np.uint64(start), np.uint64(stop)):  # unsigned: see at()
         v = np.float64(x[i])
-        valid = v <= 0.0
+        valid = (v >= lp_closed) & (v <= 0.0)  # as in block_p
         lp = v if valid else -1.0
         high = lp > -LN2
         p = vexp(lp)
         z = -vexpm1(max(lp, -LN2)) if high else p
-        z = max(z, 1e-300)  # log p = -inf: any cell (the element is solved apart)
         row, u = table_row(z, cells_info, kbits, nb_hi if high else nb_lo,
                            off_hi if high else 0)
         lo, hi = horner(coef, row, u)
         code = at(row_code, row)
         top = 0.0 - lp if want_log else 1.0 / p
         one = lp == 0.0
-        more = (((code & ROW_EXACT) != 0) & (not one)) | (lp < lp_closed) | (not valid)
-        out_lo[i] = NAN if more else (at_one if one else lo)
+        more = (((code & ROW_EXACT) != 0) & (not one)) | (not valid)
+        out_lo[i] = lower_out(lo, one, more, at_one)
         out_hi[i] = top if ((code & ROW_TOP) != 0) | one else hi
         bad += more
     return bad
@@ -430,8 +437,9 @@ def table_pass(x, logp, want_log, coef, row_code, cells_info, kbits, nb_lo, nb_h
     ``nb_lo`` binades of p below 1/2, one cell for smaller p, then ``nb_hi`` binades of
     1 - p and one cell for 1 - p smaller still; ``2^kbits`` cells per binade.
     ``cells_info[cell] = first_row << 4 | extra_bits``; ``coef`` holds ROW coefficients a
-    row; ``row_code`` its ROW_TOP / ROW_EXACT bits.  ``closed``: p (or log p) below which
-    the shared solver's tail forms take over.  ``at_one``: the lower edge (or its log) at
+    row; ``row_code`` its ROW_TOP / ROW_EXACT bits.  ``closed``: p (> 0; or log p) below which
+    the shared solver's tail forms take over: those elements, like invalid ones, are left
+    to the exact solver.  ``at_one``: the lower edge (or its log) at
     p = 1, the limit of the shared solver.  ``block_bad[b]``: how many elements of
     block ``b`` (BLOCK elements) are left to solve exactly (see :func:`unfinished`).
     """
@@ -465,9 +473,9 @@ def unfinished(out_lo, block_bad):
             i += 1
     return idx
 '''.format(
-    exp_taylor=horner("e", "r", [1 / math.factorial(k) for k in range(13, -1, -1)]),
-    log_series=horner("w", "z", [1 / (2 * k + 1) for k in range(11, -1, -1)]),
-    expm1_taylor=horner("e", "x", [1 / math.factorial(k) for k in range(20, 0, -1)]),
+    exp_taylor=horner_lines("e", "r", [1 / math.factorial(k) for k in range(13, -1, -1)]),
+    log_series=horner_lines("w", "z", [1 / (2 * k + 1) for k in range(11, -1, -1)]),
+    expm1_taylor=horner_lines("e", "x", [1 / math.factorial(k) for k in range(20, 0, -1)]),
     row_horner=_row_horner(),
 )
 
@@ -518,13 +526,13 @@ def newton_step(a2, a1, a0, v, zero):
 
 
 @njit(inline="always", **OPTS)
-def closed_block(x, start, stop, delta, p_floor, at_one, small_edge, out_lo, out_hi):
+def closed_block(x, start, stop, delta, p_closed, at_one, small_edge, out_lo, out_hi):
     bad = 0
     for i in range(np.uint64(start), np.uint64(stop)):  # unsigned: see at()
         p = np.float64(x[i])
-        # p outside [p_floor, 1], nan included, is left to the exact solver (which judges
+        # p outside [p_closed, 1], nan included, is left to the exact solver (which judges
         # it); the results computed for it here are never stored.
-        valid = (p >= p_floor) & (p <= 1.0)
+        valid = (p >= p_closed) & (p <= 1.0)
         q = 1.0 - p
         inv = 1.0 / p
         # Upper edge: the smallest positive root in y = r - 1; none below 1 / p: saturated.
@@ -559,10 +567,7 @@ def closed_block(x, start, stop, delta, p_floor, at_one, small_edge, out_lo, out
                  | (abs(rl) < small_edge))
         one = p == 1.0
         more = (doubt & (not one)) | (not valid)
-        lo = max(rl, 0.0)  # one select per statement: the loop then stores once, not
-        lo = at_one if one else lo  # three times under masks
-        lo = NAN if more else lo
-        out_lo[i] = lo
+        out_lo[i] = lower_out(max(rl, 0.0), one, more, at_one)
         out_hi[i] = 1.0 if one else hi
         bad += more
     return bad
@@ -572,13 +577,13 @@ def closed_block(x, start, stop, delta, p_floor, at_one, small_edge, out_lo, out
 def closed_pass(x, delta, p_closed, at_one, small_edge, out_lo, out_hi, block_bad):
     """Ratio edges of a flat array of p for one scalar delta from the closed forms: no
     table, no iteration, no data-dependent branch.  ``block_bad`` as in table_pass.
-    ``small_edge``: lower edges in r below it go to the exact solver (see LAYOUTS in the
-    backend: the output precision sets it)."""
+    ``p_closed`` (> 0) as ``closed`` in table_pass.  ``small_edge``: lower edges in r
+    below it go to the exact solver (see LAYOUTS in the backend: the output precision sets
+    it)."""
     n = x.size
-    p_floor = max(p_closed, 5e-324)  # p = 0 is invalid
     for blk in prange(block_bad.size):
         start = blk * BLOCK
         stop = min(start + BLOCK, n)
-        block_bad[blk] = closed_block(x, start, stop, delta, p_floor, at_one, small_edge,
+        block_bad[blk] = closed_block(x, start, stop, delta, p_closed, at_one, small_edge,
                                       out_lo, out_hi)
 '''
