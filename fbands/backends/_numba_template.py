@@ -550,21 +550,23 @@ def closed_block(x, start, stop, delta, p_closed, at_one, small_edge, out_lo, ou
         below_half = r_raw < 0.5
         # ... which is off by an ulp of 1, too much for a small float64 edge: below 1/2 one
         # Newton step on the form in r (no 1 - y there) brings it to that form's own
-        # accuracy.  A float32 output has no use for it (and saves its division): an ulp of
-        # 1 is under 1e-9 of an edge above small_edge, far below an ulp of float32.
-        a2 = np.float64(lower_a2(p, q, delta))
-        a1 = np.float64(lower_a1(p, q, delta))
-        a0 = np.float64(lower_a0(p, q, delta))
+        # accuracy.  A float32 output has no use for it, nor for the form in r at all (its
+        # division, and the test for nearly equal roots that guards the step): an ulp of 1
+        # is under 1e-9 of an edge above small_edge, far below an ulp of float32.
         rl = r_raw
+        polish_doubt = False
         if is_float64(out_lo):
+            a2 = np.float64(lower_a2(p, q, delta))
+            a1 = np.float64(lower_a1(p, q, delta))
+            a0 = np.float64(lower_a0(p, q, delta))
             polish = below_half & (r_raw > 0.0)
             rl = r_raw - newton_step(a2, a1, a0, r_raw, LOWER_ZERO) if polish else r_raw
+            polish_doubt = below_half & nearly_double(a2, a1, a0, LOWER_ZERO)
         # Left to the exact solver: nearly equal roots, lower edges next to saturation (they
         # may need extended precision, and which side of 0 the root falls is in doubt), and
         # the elements the table pass leaves too.  (Bitwise, not a conditional expression:
         # that one keeps the loop from vectorising.)
-        doubt = (u_close | y_close | (below_half & nearly_double(a2, a1, a0, LOWER_ZERO))
-                 | (abs(rl) < small_edge))
+        doubt = u_close | y_close | polish_doubt | (abs(rl) < small_edge)
         one = p == 1.0
         more = (doubt & (not one)) | (not valid)
         out_lo[i] = lower_out(max(rl, 0.0), one, more, at_one)
