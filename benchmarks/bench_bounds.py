@@ -8,6 +8,11 @@ Two references are timed in the same run, on the same data:
   bracket width).  It computes in the input's dtype, as such code does.
 * ``copy``: a plain memory copy of the same array (numpy ``copy``), the physical floor.
 
+Beside the ``chi2`` rows, ``div+sqrt`` times a loop that does only the arithmetic chi2's
+closed form cannot avoid, one float64 division and one square root per element (both edges
+stored, in parallel): the floor of that divergence on this CPU, which waits on its
+floating-point divider rather than on memory.
+
 Each result reports ``speedup_vs_bisection`` (bisection time / backend time, same
 divergence, dtype and N) and ``x_copy`` (backend time / copy time).  The copy of ``x_copy``
 is timed in the same loop as the backend, call for call (see :func:`timeit`): on a shared
@@ -113,6 +118,32 @@ def bisection_reference(p, delta: float, div: str, iters: int = 50, tol: float =
     return edges[1], edges[0]
 
 
+_DIV_SQRT = None
+
+
+def div_sqrt_floor(p: np.ndarray, delta: float):
+    """chi2's edges 1 -/+ sqrt(delta (1 - p) / p) and nothing else: no validation, no
+    saturation, no refinement (see the module's docstring)."""
+    global _DIV_SQRT
+    if _DIV_SQRT is None:
+        import math
+
+        import numba
+
+        @numba.njit(parallel=True, error_model="numpy")
+        def kernel(x, delta, lo, hi):
+            for i in numba.prange(x.size):
+                v = np.float64(x[i])
+                y = math.sqrt(delta * (1.0 - v) / v)
+                lo[i] = 1.0 - y
+                hi[i] = 1.0 + y
+
+        _DIV_SQRT = kernel
+    lo, hi = np.empty_like(p), np.empty_like(p)
+    _DIV_SQRT(p, delta, lo, hi)
+    return lo, hi
+
+
 # ----------------------------------------------------------------------------- timing
 
 
@@ -171,7 +202,10 @@ def cases(quick: bool):
             for dtype in ("float32", "float64"):
                 if quick and (div != "kl" and dtype == "float64"):
                     continue
-                for backend in ("numba", "torch", "torch-table", "torch-native", "numpy"):
+                for backend in ("numba", "torch", "torch-table", "torch-native", "numpy",
+                                "div+sqrt"):
+                    if backend == "div+sqrt" and div != "chi2":
+                        continue
                     if backend == "torch-native" and size != "32k":
                         continue  # about a minute per million tokens on 2 CPU cores
                     if backend == "torch-table" and size == "16M":
@@ -217,6 +251,8 @@ def run(quick: bool) -> dict:
             fn = lambda p=p, d=div: fbands.bounds(p, DELTA, d, backend="numba")  # noqa: E731
         elif backend == "numpy":
             fn = lambda p=p, d=div: fbands.bounds(p, DELTA, d, backend="numpy")  # noqa: E731
+        elif backend == "div+sqrt":
+            fn = lambda p=p: div_sqrt_floor(p, DELTA)  # noqa: E731
         else:
             torch_backend.CPU_KERNEL = "numba" if backend == "torch" else "torch"
             torch_backend.USE_TABLES = backend != "torch-native"
@@ -252,7 +288,9 @@ def markdown(report: dict) -> str:
         "on a GPU); `torch-native` = the torch solver itself (fixed Newton count, no host "
         "sync). "
         "`bisection` = the published algorithm's shape (torch, 50 iterations per edge, a "
-        "host sync per iteration); `copy` = numpy copy of the same array. Each time is the "
+        "host sync per iteration); `copy` = numpy copy of the same array; `div+sqrt` "
+        "(chi2) = a loop doing only one float64 division and one square root per element, "
+        "the arithmetic floor of chi2's closed form. Each time is the "
         "best of 25 (32k), 15 (1M) or 5 (16M) calls after a warm-up call (the bisection: 3, "
         "and 1 at 16M; numpy and torch-native: 1). `x copy` divides by a copy timed in the "
         "same loop, call for call with the backend; the `copy` rows are timed alone.",
