@@ -13,6 +13,8 @@ from fbands.divergences import available as available
 from fbands.divergences import get as get
 from fbands.divergences import register as register
 from fbands.errors import BandError as BandError
+from fbands.errors import ConfigError as ConfigError
 from fbands.errors import DivergenceError as DivergenceError
+from fbands.errors import LossError as LossError
 
 __version__ = "0.1.0"
