@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 ALL_EXTRAS := dev,rl,docs,verl,trl
 
-.PHONY: demo test docs bench bench-rl setup
+.PHONY: demo test test-fast docs bench bench-rl setup
 
 setup:
 	scripts/bootstrap.sh $(ALL_EXTRAS)
@@ -11,6 +11,11 @@ setup:
 demo:
 	scripts/bootstrap.sh rl
 	$(PY) -m fbands demo
+
+## The quick loop while working: lint and the tests not marked slow (a few minutes here).
+test-fast: setup
+	$(PY) -m ruff check .
+	$(PY) -m pytest -m "not slow" -q
 
 ## Lint, the test suite, the docs (warnings are errors) and their doctests.
 test: setup

@@ -4,7 +4,8 @@ The band of a token with old probability ``p`` is the interval of ratios
 ``pi_new(a) / pi_old(a)`` that an f-divergence ball of radius ``delta`` allows.
 """
 
-from fbands.backends.cvxpy_backend import reference_band as reference_band
+from typing import TYPE_CHECKING
+
 from fbands.bands import BACKENDS as BACKENDS
 from fbands.bands import bounds as bounds
 from fbands.bands import log_bounds as log_bounds
@@ -17,4 +18,26 @@ from fbands.errors import ConfigError as ConfigError
 from fbands.errors import DivergenceError as DivergenceError
 from fbands.errors import LossError as LossError
 
+if TYPE_CHECKING:
+    from fbands.backends.cvxpy_backend import reference_band as reference_band
+
+#: The one version string (pyproject.toml reads it: ``[tool.setuptools.dynamic]``).
 __version__ = "0.1.0"
+
+# Imported on first use, so that ``import fbands`` loads only numpy, sympy and the registry
+# (torch, numba, cvxpy and matplotlib come with the backend or module that needs them).
+_LAZY = {"reference_band": "fbands.backends.cvxpy_backend"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'fbands' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_LAZY])

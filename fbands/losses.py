@@ -55,8 +55,13 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import torch
-from torch import Tensor
+from fbands._optional import raise_missing
+
+try:
+    import torch
+    from torch import Tensor
+except ModuleNotFoundError as exc:
+    raise_missing(exc, "fbands.losses")
 
 __all__ = [
     "AGG_MODES",

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fbands._optional import require
+
 #: Fixed intervals drawn for comparison: PPO's clip and DAPO's Clip-Higher.
 BASELINES = {"clip [0.8, 1.2]": (0.8, 1.2), "clip-higher [0.8, 1.28]": (0.8, 1.28)}
 
@@ -32,8 +34,7 @@ def plot_bands(divs, delta: float, output: str | Path, *, p_min: float = 1e-4) -
     Path
         ``output``.
     """
-    import matplotlib
-
+    matplotlib = require("matplotlib", "fbands.plotting")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -22,15 +22,14 @@ from collections.abc import Callable
 import numpy as np
 import sympy
 
+from fbands._optional import require
 from fbands.bands import NumpyInputs
 from fbands.divergences import Divergence, get
 from fbands.errors import DivergenceError
 
 
 def _cp():
-    import cvxpy
-
-    return cvxpy
+    return require("cvxpy", "the cvxpy reference solver")
 
 
 def _alpha(a: float) -> Callable:

@@ -44,7 +44,13 @@ import math
 from typing import Any
 
 import numpy as np
-import torch
+
+from fbands._optional import raise_missing
+
+try:
+    import torch
+except ModuleNotFoundError as exc:
+    raise_missing(exc, "the torch backend")
 
 from fbands._solver import LP_CLOSED, BandFunction, Inputs, solve
 from fbands.bands import invalid_masks, raise_invalid
