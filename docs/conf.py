@@ -43,8 +43,13 @@ extensions = [
     "sphinx.ext.napoleon",
     "sphinx.ext.doctest",
     "sphinx.ext.mathjax",
+    # MathJax 3 itself (scripts and fonts) from the PyPI package, copied into _static/mathjax at
+    # the end of the build: the pages render their formulas with no network.
+    "sphinx-mathjax-offline",
     "fbands_docs",
 ]
+# Set here too (the extension also sets it): the bundled copy, never a CDN.
+mathjax_path = "mathjax/tex-chtml.js"
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"

@@ -35,3 +35,13 @@ if [ ! -f "$stamp" ] || ! grep -qxF "$want" "$stamp"; then
   # "$want" may list a subset of what is already there; keep every line seen.
   echo "$want" >> "$stamp"
 fi
+
+# The docs' browser test (tests/test_docs_browser.py) opens the built pages in headless
+# Chromium. Install the Debian package when the docs extra is wanted, it is missing, and we
+# may (root, apt-get present); otherwise that test is skipped outside CI.
+if [[ ",$extras," == *",docs,"* ]] && ! command -v chromium >/dev/null 2>&1 \
+    && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "[bootstrap] installing chromium (apt-get) for the docs' browser test"
+  DEBIAN_FRONTEND=noninteractive apt-get update -q
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+fi
