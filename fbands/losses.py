@@ -63,6 +63,8 @@ try:
 except ModuleNotFoundError as exc:
     raise_missing(exc, "fbands.losses")
 
+from fbands.errors import LossError
+
 __all__ = [
     "AGG_MODES",
     "METHODS",
@@ -125,10 +127,10 @@ TAIL_PROB = 0.1
 _MAX_LOG_RATIO = 80.0
 # Stand-in old log-probability at masked-out positions (padding may hold -inf or garbage).
 _PAD_LOGP = math.log(0.5)
-
-
-class LossError(ValueError):
-    """Bad loss configuration or bad input to a loss (a :class:`ValueError`)."""
+# Largest log-probability accepted (and read as 0): a float32 log-softmax can round a
+# near-certain token to +1e-7, while anything above this is not a log-probability at all
+# (negative log-likelihoods passed by mistake are the usual cause).
+LOGP_TOLERANCE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -173,7 +175,7 @@ class LossConfig:
     >>> LossConfig(method="ppo")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    fbands.losses.LossError: unknown method 'ppo'; expected one of clip, clip_higher, ...
+    fbands.errors.LossError: unknown method 'ppo'; expected one of clip, clip_higher, ...
     """
 
     method: str = "band_clip"
@@ -260,7 +262,86 @@ def _edge_dtype(device: torch.device) -> torch.dtype:
 def _as_tensor(name: str, x) -> Tensor:
     if not isinstance(x, Tensor):
         raise LossError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.layout != torch.strided:
+        raise LossError(f"{name} must be a dense tensor, got layout {x.layout}")
+    if x.is_complex():
+        raise LossError(f"{name} must hold real numbers, got dtype {x.dtype}")
     return x
+
+
+def _resolve_check(check, *tensors: Tensor) -> bool:
+    """``check`` as a bool: ``None`` means "when every tensor is on the CPU" (free there)."""
+    if check is None:
+        return all(t.device.type == "cpu" for t in tensors)
+    if not isinstance(check, bool):
+        raise LossError(f"check must be True, False or None, got {check!r}")
+    if check and any(t.device.type == "meta" for t in tensors):
+        raise LossError("check=True reads the values, which meta tensors do not have; "
+                        "pass check=False")
+    return check
+
+
+# A value check: (mask of bad elements, the values to quote, what the values must be).
+_Check = tuple[Tensor, Tensor, str]
+
+
+def _validate(checks: list[_Check]) -> None:
+    """Raise :class:`LossError` naming the first bad element of the first failing check.
+
+    All checks are reduced together, so that inputs that pass cost one host
+    synchronisation; only the error path reads more.
+    """
+    if not checks:
+        return
+    if not bool(torch.stack([bad.any() for bad, _, _ in checks]).any()):
+        return
+    for bad, values, rule in checks:
+        if not bool(bad.any()):
+            continue
+        count = int(bad.sum())
+        index = tuple(int(i) for i in torch.nonzero(bad)[0])
+        value = values[index].item() if values.dim() else values.item()
+        if values.is_floating_point() and values.dtype != torch.float64:
+            value = float(f"{value:.8g}")  # 2.3, not float32's 2.299999952316284
+        where = f" at index {index}" if index else ""
+        more = f" ({count} elements)" if count > 1 else ""
+        raise LossError(f"{rule}; got {value!r}{where}{more}")
+
+
+def _any_bad(checks: list[_Check]) -> Tensor | None:
+    """0-dim bool tensor: does any check fail?  No host synchronisation."""
+    if not checks:
+        return None
+    return torch.stack([bad.any() for bad, _, _ in checks]).any()
+
+
+def _logp_checks(name: str, x: Tensor, valid: Tensor | None, *, nan: bool) -> list[_Check]:
+    """Elements (where ``valid``) above :data:`LOGP_TOLERANCE`, and NaN ones when ``nan``."""
+    x = x.detach()
+    found = [(x > LOGP_TOLERANCE, f"{name} must hold log-probabilities (<= 0), not positive "
+                                  "values (were negative log-likelihoods passed?)")]
+    if nan:
+        found.append((torch.isnan(x), f"{name} must not be nan on the tokens of the mask"))
+    return [(bad if valid is None else bad & valid, x, rule) for bad, rule in found]
+
+
+def _band_checks(log_lo: Tensor, log_hi: Tensor, valid: Tensor) -> list[_Check]:
+    """Band edges (where ``valid``) must not be nan, nor crossed."""
+    return [
+        (valid & torch.isnan(log_lo), log_lo, "band.log_lower must not be nan"),
+        (valid & torch.isnan(log_hi), log_hi, "band.log_upper must not be nan"),
+        (valid & (log_lo > log_hi), log_lo, "band.log_lower must not exceed band.log_upper"),
+    ]
+
+
+def _mask_checks(mask: Tensor) -> list[_Check]:
+    """A mask is bool, or numbers that are finite and >= 0 (0/1 or weights)."""
+    if mask.dtype == torch.bool:
+        return []
+    bad = mask < 0
+    if mask.is_floating_point():
+        bad = bad | ~torch.isfinite(mask)
+    return [(bad, mask, "mask must be 0/1, bool or finite non-negative weights")]
 
 
 def _check_inputs(logp_old, logp, advantages, mask):
@@ -368,7 +449,7 @@ def dcpo_log_bounds(logp_old: Tensor, eps_low: float, eps_high: float) -> Band:
 
 
 def precompute_band(
-    logp_old: Tensor, cfg: LossConfig | None = None, *, mask=None, check: bool = True
+    logp_old: Tensor, cfg: LossConfig | None = None, *, mask=None, check: bool | None = True
 ) -> Band:
     r"""The band of every token, from the old log-probabilities; compute once per batch.
 
@@ -389,10 +470,13 @@ def precompute_band(
     mask : Tensor, optional
         Response mask; positions where it is 0 get a harmless stand-in probability, so that
         padding holding ``-inf`` or garbage never reaches the band solver.
-    check : bool
-        Let :func:`fbands.log_bounds` validate its input (a nan raises
-        :class:`fbands.BandError`).  The check costs a host synchronisation on a GPU;
-        ``False`` skips it (for CUDA graphs), and a nan then gives unspecified edges.
+    check : bool or None
+        Validate ``logp_old`` on the tokens of the mask: a value above
+        :data:`LOGP_TOLERANCE` (not a log-probability; values in ``(0, 1e-3]`` count as 0)
+        or a nan raises :class:`fbands.LossError`.  The check costs one host
+        synchronisation on a GPU; ``False`` skips it (for CUDA graphs), and such a token
+        then gets nan edges, which make :func:`policy_loss` nan.  ``None``: check when
+        ``logp_old`` is on the CPU, where it costs nothing.
 
     Returns
     -------
@@ -408,24 +492,36 @@ def precompute_band(
     (tensor([0.8000, 0.8000]), tensor([1.2000, 1.2000]))
     """
     cfg = LossConfig() if cfg is None else cfg
+    if not isinstance(cfg, LossConfig):
+        raise LossError(f"cfg must be a LossConfig, got {type(cfg).__name__}")
     logp_old = _as_tensor("logp_old", logp_old)
+    check = _resolve_check(check, logp_old)
     out_dtype = _compute_dtype(logp_old)
     with torch.no_grad():
         x = logp_old.detach().to(out_dtype)
+        valid = None
         if mask is not None:
             mask = _as_tensor("mask", mask)
             if mask.shape != x.shape:
                 raise LossError(
                     f"mask has shape {tuple(mask.shape)}, expected logp_old's {tuple(x.shape)}"
                 )
-            x = torch.where(mask != 0, x, torch.full_like(x, _PAD_LOGP))
+            valid = mask != 0
+            x = torch.where(valid, x, torch.full_like(x, _PAD_LOGP))
+        checks = _logp_checks("logp_old", x, valid, nan=True)
+        bad = None
+        if check:
+            _validate(checks)
+        else:  # bad tokens get nan edges; the solver sees a harmless stand-in
+            bad = checks[0][0] | checks[1][0]
+            x = torch.where(bad, torch.full_like(x, _PAD_LOGP), x)
         x = x.clamp(max=0.0)  # a log-softmax may round a near-certain token to +1e-7
         fixed_lo, fixed_hi = _fixed_log_edges(cfg)
         if cfg.method in _DIVERGENCE_BAND:
             import fbands  # at call time: the package's __init__ may import this module
 
-            options = {} if check else {"check": False}
-            log_lo, log_hi = fbands.log_bounds(x, cfg.delta, cfg.div, logp=True, **options)
+            # x is valid now (checked, or bad tokens replaced): no second check, no sync.
+            log_lo, log_hi = fbands.log_bounds(x, cfg.delta, cfg.div, logp=True, check=False)
         elif cfg.method == "dcpo":
             log_lo, log_hi = dcpo_log_bounds(x, cfg.eps_low, cfg.eps_high)
         else:  # _FIXED_BAND
@@ -437,6 +533,9 @@ def precompute_band(
             log_hi = torch.clamp(log_hi, min=fixed_hi)
         if cfg.upper_bound_max is not None:
             log_hi = torch.clamp(log_hi, max=math.log(cfg.upper_bound_max))
+        if bad is not None:
+            nan = torch.full_like(log_lo, math.nan)
+            log_lo, log_hi = torch.where(bad, nan, log_lo), torch.where(bad, nan, log_hi)
     return Band(log_lo, log_hi)
 
 
@@ -452,6 +551,7 @@ def agg_loss(
     num_tokens=None,
     num_seqs=None,
     loss_scale_factor=None,
+    check: bool | None = None,
 ) -> Tensor:
     r"""Aggregate per-token values over a response mask into a 0-dim tensor (verl's modes).
 
@@ -477,23 +577,37 @@ def agg_loss(
     Parameters
     ----------
     values : Tensor
-        Per-token values ``(B, T)`` (any shape ``(..., T)`` for the token modes).
+        Per-token values ``(B, T)`` (any shape ``(..., T)`` for the token modes); integer
+        or bool values are aggregated in float32.
     mask : Tensor
-        Same shape; 0/1, bool, or non-negative weights.
+        Same shape; 0/1, bool, or finite non-negative weights.
     mode : str
         One of :data:`AGG_MODES`.
     num_tokens : float or Tensor, optional
         Denominator of ``token-mean`` in place of :math:`\sum n_i`, e.g. the token count of
-        the whole mini-batch when it is split into micro-batches.
+        the whole mini-batch when it is split into micro-batches.  Finite and > 0.
     num_seqs : float or Tensor, optional
-        :math:`B` of the ``seq-mean-*`` modes, in place of the local row count.
+        :math:`B` of the ``seq-mean-*`` modes, in place of the local row count.  Finite
+        and > 0.
     loss_scale_factor : float, optional
         :math:`L` of ``seq-mean-token-sum-norm`` (default: ``T``, the padded length).
+        Finite and > 0.
+    check : bool or None
+        Validate the tensor inputs (a negative or non-finite mask entry, a denominator
+        tensor that is not finite and > 0) at the cost of one host synchronisation on a
+        GPU.  ``None`` (default) checks when the tensors are on the CPU, where that costs
+        nothing; unchecked, such an input makes the result nan.  Python-number
+        denominators are always checked.
 
     Returns
     -------
     Tensor
-        0-dim, in ``values``' dtype.
+        0-dim, in ``values``' dtype (float32 for integer values).
+
+    Raises
+    ------
+    LossError
+        For a bad mode, shape, mask or denominator; the message names the argument.
 
     Examples
     --------
@@ -503,6 +617,17 @@ def agg_loss(
     >>> [round(agg_loss(v, m, mode).item(), 4) for mode in AGG_MODES]
     [2.5, 10.0, 3.0, 5.0, 1.6667]
     """
+    values, mask = _agg_inputs(values, mask, mode)
+    checks = _mask_checks(mask) + _denominator_checks(num_tokens, num_seqs, loss_scale_factor)
+    if _resolve_check(check, values, mask):
+        _validate(checks)
+        checks = []
+    out = _aggregate(values, mask, mode, num_tokens, num_seqs, loss_scale_factor)
+    return _poison(out, _any_bad(checks))
+
+
+def _agg_inputs(values, mask, mode: str) -> tuple[Tensor, Tensor]:
+    """Type and shape checks of :func:`agg_loss`'s tensors; integer values become float32."""
     values = _as_tensor("values", values)
     mask = _as_tensor("mask", mask)
     if mode not in AGG_MODES:
@@ -513,6 +638,47 @@ def agg_loss(
         )
     if values.dim() < 1:
         raise LossError("values must have a token dimension")
+    if not values.is_floating_point():  # integer or bool values: averaged in float32
+        values = values.to(torch.float32)
+    return values, mask
+
+
+def _denominator_checks(num_tokens, num_seqs, loss_scale_factor) -> list[_Check]:
+    """Each given denominator must be a finite number > 0.
+
+    Python numbers are checked here (free); tensors give a check for :func:`_validate`.
+    """
+    checks = []
+    for name, value in (("num_tokens", num_tokens), ("num_seqs", num_seqs),
+                        ("loss_scale_factor", loss_scale_factor)):
+        if value is None:
+            continue
+        rule = f"{name} must be a finite number > 0"
+        if isinstance(value, Tensor):
+            value = _as_tensor(name, value)
+            if value.numel() != 1 or value.dtype == torch.bool:
+                raise LossError(f"{rule}, got a tensor of shape {tuple(value.shape)} and "
+                                f"dtype {value.dtype}")
+            bad = value <= 0
+            if value.is_floating_point():
+                bad = bad | ~torch.isfinite(value)
+            checks.append((bad.reshape(()), value.reshape(()), rule))
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise LossError(f"{rule}, got {value!r}")
+        elif not (math.isfinite(value) and value > 0):
+            raise LossError(f"{rule}, got {value!r}")
+    return checks
+
+
+def _poison(out: Tensor, bad: Tensor | None) -> Tensor:
+    """``out``, or nan where ``bad`` (an unchecked invalid input): never a plausible value."""
+    if bad is None:
+        return out
+    return torch.where(bad, torch.full_like(out, math.nan), out)
+
+
+def _aggregate(values, mask, mode, num_tokens, num_seqs, loss_scale_factor) -> Tensor:
+    """The formulas of :func:`agg_loss`, on checked inputs."""
     weight = mask.to(values.dtype)
     # where(), not a product, so that inf/nan at masked positions cannot leak in.
     masked = torch.where(mask != 0, values * weight, torch.zeros_like(values))
@@ -528,7 +694,7 @@ def agg_loss(
     elif mode == "seq-mean-token-sum":
         per_seq = seq_sum
     else:  # seq-mean-token-sum-norm
-        scale = values.shape[-1] if loss_scale_factor is None else loss_scale_factor
+        scale = max(values.shape[-1], 1) if loss_scale_factor is None else loss_scale_factor
         per_seq = seq_sum / scale
     if num_seqs is None:  # rows with no token at all are left out, as verl 0.9.1 does
         num_seqs = (weight.sum(dim=-1) > 0).sum().clamp(min=1)
@@ -612,6 +778,7 @@ def policy_loss(
     num_tokens=None,
     num_seqs=None,
     loss_scale_factor=None,
+    check: bool | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     r"""Policy loss of any method in :data:`METHODS`, aggregated over the response mask.
 
@@ -660,11 +827,24 @@ def policy_loss(
         as constants, e.g. verl's rollout importance-sampling weights.
     num_tokens, num_seqs, loss_scale_factor : optional
         Passed to :func:`agg_loss` (global denominators for micro-batching).
+    check : bool or None
+        Validate the values on the tokens of the mask: ``logp_old`` and ``logp`` are
+        log-probabilities (nothing above :data:`LOGP_TOLERANCE`), the band's edges are
+        not nan and not crossed, the mask is finite and non-negative, a denominator
+        tensor is finite and > 0; a failure raises :class:`fbands.LossError`.  This costs
+        one host synchronisation on a GPU (two when ``band`` is None: the band's own
+        check).  ``None`` (default): check when the tensors are on the CPU, where it is
+        free, and skip on an accelerator, keeping the hot path free of syncs; unchecked,
+        an invalid input makes the loss nan (never a plausible value).  A nan in
+        ``logp``, ``advantages`` or ``weights`` on a token of the mask is not an error: it
+        gives a nan loss, which a trainer's non-finite check catches (a nan in
+        ``logp_old`` too when ``band`` is given; :func:`precompute_band` rejects it).
 
     Returns
     -------
     loss : Tensor
-        0-dim, float32 (float64 for float64 input), with gradient.
+        0-dim, float32 (float64 for float64 input), with gradient.  An empty batch,
+        ``(0, T)`` or ``(B, 0)``, gives 0 (with a zero gradient) and zero metrics.
     metrics : dict of str to Tensor
         0-dim detached tensors (no host sync), keys :data:`METRIC_KEYS`, all over the mask:
         ``clipfrac_upper`` / ``clipfrac_lower``: fraction of tokens whose gradient the upper
@@ -676,6 +856,12 @@ def policy_loss(
         :math:`-\log r` / :math:`r - 1 - \log r` (estimates of
         :math:`\mathrm{KL}(\pi_{old} \| \pi)`); ``ratio_mean`` / ``ratio_max`` /
         ``ratio_min``.
+
+    Raises
+    ------
+    LossError
+        For a bad configuration, shape, type or (checked) value; the message names the
+        argument, and for values the first bad index and value.
 
     Examples
     --------
@@ -694,18 +880,30 @@ def policy_loss(
     if not isinstance(cfg, LossConfig):
         raise LossError(f"cfg must be a LossConfig, got {type(cfg).__name__}")
     logp_old, logp, advantages, mask = _check_inputs(logp_old, logp, advantages, mask)
+    check = _resolve_check(check, logp_old, logp, mask)
     dtype = _compute_dtype(logp_old, logp)
     valid = mask != 0
     if band is None:
-        band = precompute_band(logp_old, cfg, mask=mask)
+        band = precompute_band(logp_old, cfg, mask=mask, check=check)
     elif not isinstance(band, tuple) or len(band) != 2:
         raise LossError(f"band must be a Band (log_lower, log_upper), got {type(band).__name__}")
-    log_lo, log_hi = (edge.detach().to(dtype) for edge in band)
+    log_lo, log_hi = (_as_tensor(f"band.{name}", edge).detach().to(dtype)
+                      for name, edge in zip(Band._fields, band, strict=True))
     if log_lo.shape != logp_old.shape or log_hi.shape != logp_old.shape:
         raise LossError(
             f"band edges of shape {tuple(log_lo.shape)} / {tuple(log_hi.shape)} do not match "
             f"logp_old's {tuple(logp_old.shape)}"
         )
+    checks = [
+        *_logp_checks("logp_old", logp_old, valid, nan=False),
+        *_logp_checks("logp", logp, valid, nan=False),
+        *_band_checks(log_lo, log_hi, valid),
+        *_mask_checks(mask),
+        *_denominator_checks(num_tokens, num_seqs, loss_scale_factor),
+    ]
+    if check:
+        _validate(checks)
+        checks = []
 
     # Masked positions are replaced before any arithmetic: padding may hold -inf or nan,
     # and a nan anywhere in the graph would poison the gradient even where it is masked.
@@ -728,14 +926,8 @@ def policy_loss(
         weights = _as_tensor("weights", weights)
         _check_broadcast("weights", tuple(weights.shape), weights.shape, per_token.shape)
         per_token = per_token * torch.where(valid, weights.detach().to(dtype), zero)
-    loss = agg_loss(
-        per_token,
-        mask,
-        cfg.agg,
-        num_tokens=num_tokens,
-        num_seqs=num_seqs,
-        loss_scale_factor=loss_scale_factor,
-    )
+    loss = _aggregate(per_token, mask, cfg.agg, num_tokens, num_seqs, loss_scale_factor)
+    loss = _poison(loss, _any_bad(checks))  # unchecked invalid input: nan, never plausible
     metrics = _metrics(logratio, logp_old_c, adv, valid, log_lo, log_hi, upper, lower, dual, trunc)
     return loss, metrics
 
@@ -755,8 +947,11 @@ def _metrics(logratio, logp_old, adv, valid, log_lo, log_hi, upper, lower, dual,
         any_valid = valid.any()
         zero = torch.zeros((), dtype=f, device=logratio.device)
         big = torch.finfo(f).max
-        ratio_max = torch.where(valid, ratio, torch.full_like(ratio, -big)).amax()
-        ratio_min = torch.where(valid, ratio, torch.full_like(ratio, big)).amin()
+        if ratio.numel():
+            ratio_max = torch.where(valid, ratio, torch.full_like(ratio, -big)).amax()
+            ratio_min = torch.where(valid, ratio, torch.full_like(ratio, big)).amin()
+        else:  # an empty batch, (0, T) or (B, 0)
+            ratio_max = ratio_min = zero
         return {
             "clipfrac": clip_up + clip_lo,
             "clipfrac_upper": clip_up,

@@ -368,10 +368,10 @@ def test_band_assembly_with_stand_in_solver(monkeypatch):
     logp_old = torch.log(torch.tensor([[0.9, 0.3, 0.05, 1e-3]]))
     raw = tv_band(logp_old, 0.05)
     band = precompute_band(logp_old, LossConfig(method="band_clip", div="tv", delta=0.05))
-    assert calls[-1] == {"delta": 0.05, "div": "tv", "logp": True, "dtype": torch.float32}
+    # precompute_band checks logp_old itself, so the solver is called unchecked (no sync)
+    assert calls[-1] == {"delta": 0.05, "div": "tv", "logp": True, "dtype": torch.float32,
+                         "check": False}
     torch.testing.assert_close(band.log_upper, raw.log_upper)
-    precompute_band(logp_old, LossConfig(method="band_clip", div="tv"), check=False)
-    assert calls[-1]["check"] is False
     # TRGPPO and relax: the union with [1 - eps_low, 1 + eps_high]
     for cfg in (LossConfig(method="trgppo", div="tv"),
                 LossConfig(method="band_clip", div="tv", relax=True)):
@@ -499,8 +499,9 @@ def test_every_method_returns_metrics_without_host_sync(method, monkeypatch):
     band = precompute_band(logp_old, cfg)
     with monkeypatch.context() as patch:
         forbid_host_sync(patch)
-        loss, metrics = policy_loss(logp_old, logp, adv, mask, cfg, band)
-        loss_inside, _ = policy_loss(logp_old, logp, adv, mask, cfg)
+        # check=False: what the default does on an accelerator (it checks on the CPU only)
+        loss, metrics = policy_loss(logp_old, logp, adv, mask, cfg, band, check=False)
+        loss_inside, _ = policy_loss(logp_old, logp, adv, mask, cfg, check=False)
     assert loss.dim() == 0 and loss.requires_grad and loss.dtype == torch.float32
     assert torch.equal(loss, loss_inside)
     assert tuple(metrics) == METRIC_KEYS
@@ -686,3 +687,166 @@ def test_mechanism_band_kl_lets_tail_token_grow_past_ppo_clip():
     r_hi = band.log_upper.exp().item()
     assert r_hi > 2.5  # KL band at p = 0.05, delta = 0.05: r_hi is about 3
     assert r_hi <= band_ratio < 1.06 * r_hi  # carried past 1.2, up to the band's edge
+
+
+# --------------------------------------------------------------------------------------
+# invalid values (issue 19): never a plausible loss from an input that is not one
+
+
+def test_positive_log_probabilities_are_rejected():
+    nll = torch.tensor([[2.3, 50.0]])  # negative log-likelihoods, not log-probabilities
+    with pytest.raises(LossError, match=r"logp_old must hold log-probabilities.*2\.3.*\(0, 0\)"):
+        precompute_band(nll)
+    for method in ("band_clip", "clip", "dcpo"):
+        with pytest.raises(LossError, match="logp_old"):
+            policy_loss(nll, -nll, torch.ones(1), torch.ones(1, 2), LossConfig(method=method))
+    # the current policy's log-probabilities too, also when a band is given
+    logp_old = torch.log(torch.tensor([[0.5, 0.2]]))
+    band = precompute_band(logp_old, LossConfig(method="clip"))
+    with pytest.raises(LossError, match=r"logp must hold.*2\.3 at index \(0, 0\) \(2 el"):
+        policy_loss(logp_old, nll, torch.ones(1), torch.ones(1, 2), LossConfig(method="clip"),
+                    band)
+    # masked positions may hold anything; rounding up to LOGP_TOLERANCE counts as p = 1
+    assert precompute_band(nll, mask=torch.zeros(1, 2)).log_upper.isfinite().all()
+    near_one = precompute_band(torch.tensor([[1e-4, 0.0]]), LossConfig(method="band_clip"))
+    assert torch.equal(near_one.log_lower[0, 0], near_one.log_lower[0, 1])
+    with pytest.raises(LossError, match="nan"):
+        precompute_band(torch.tensor([[-0.5, math.nan]]), LossConfig(method="clip"))
+
+
+def test_unchecked_invalid_log_probabilities_give_nan_not_a_plausible_loss():
+    nll = torch.tensor([[2.3, -0.7]])
+    band = precompute_band(nll, LossConfig(method="band_clip"), check=False)
+    assert torch.isnan(band.log_lower[0, 0]) and torch.isnan(band.log_upper[0, 0])
+    assert torch.isfinite(band.log_upper[0, 1])  # the valid token keeps its band
+    logp = torch.tensor([[-0.1, -0.7]], requires_grad=True)
+    for method in METHODS:
+        loss, _ = policy_loss(nll, logp, torch.ones(1), torch.ones(1, 2),
+                              LossConfig(method=method), check=False)
+        assert torch.isnan(loss), method
+    good_old = torch.tensor([[-1.0, -0.7]])
+    loss, _ = policy_loss(good_old, torch.tensor([[3.0, -0.7]]), torch.ones(1),
+                          torch.ones(1, 2), LossConfig(method="clip"), check=False)
+    assert torch.isnan(loss)
+
+
+def test_bad_band_is_rejected_not_silently_unclipped():
+    # p = 0.1, ratio e^2 = 7.389, A = 1: a NaN band used to switch the clip off (-7.389)
+    logp_old = torch.log(torch.tensor([[0.1]], dtype=F64))
+    logp = logp_old + 2.0
+    cfg = LossConfig(method="band_clip", div="tv", delta=0.05)
+    good = policy_loss(logp_old, logp, torch.ones(1), torch.ones(1, 1), cfg)[0]
+    assert good.item() == pytest.approx(-1.5)  # TV band at p = 0.1: upper edge 1 + 0.05 / 0.1
+    nan = torch.full((1, 1), math.nan, dtype=F64)
+    for band, fragment in ((Band(nan, nan), "log_lower must not be nan"),
+                           (Band(torch.zeros(1, 1, dtype=F64), nan), "log_upper must not be nan"),
+                           (Band(torch.full((1, 1), 0.3, dtype=F64),
+                                 torch.full((1, 1), 0.1, dtype=F64)), "must not exceed")):
+        with pytest.raises(LossError, match=fragment):
+            policy_loss(logp_old, logp, torch.ones(1), torch.ones(1, 1), cfg, band)
+        loss, _ = policy_loss(logp_old, logp, torch.ones(1), torch.ones(1, 1), cfg, band,
+                              check=False)
+        assert torch.isnan(loss)
+    # a bad edge at a masked position is padding, not an error
+    band = Band(torch.tensor([[0.0, math.nan]], dtype=F64), torch.tensor([[0.1, math.nan]]))
+    two_old = torch.cat([logp_old, logp_old], 1)
+    loss, _ = policy_loss(two_old, two_old, torch.ones(1), torch.tensor([[1.0, 0.0]]), cfg, band)
+    assert loss.item() == -1.0  # ratio 1 inside [1, e^0.1]
+    with pytest.raises(LossError, match="band.log_lower must be a torch.Tensor"):
+        policy_loss(logp_old, logp, torch.ones(1), torch.ones(1, 1), cfg, ([[0.0]], [[0.1]]))
+
+
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        ({"num_tokens": 0}, "num_tokens must be a finite number > 0, got 0"),
+        ({"num_tokens": -3.0}, "num_tokens.*-3.0"),
+        ({"num_tokens": True}, "num_tokens.*True"),
+        ({"num_tokens": "10"}, "num_tokens.*'10'"),
+        ({"num_seqs": 0}, "num_seqs"),
+        ({"loss_scale_factor": 0}, "loss_scale_factor.*got 0"),
+        ({"loss_scale_factor": math.inf}, "loss_scale_factor.*inf"),
+        ({"loss_scale_factor": math.nan}, "loss_scale_factor.*nan"),
+        ({"num_tokens": torch.tensor(0.0)}, "num_tokens.*0.0"),
+        ({"num_seqs": torch.tensor([1.0, 2.0])}, "num_seqs.*shape \\(2,\\)"),
+    ],
+)
+def test_agg_rejects_bad_denominators(options, fragment):
+    values, mask = torch.ones(2, 3), torch.ones(2, 3)
+    mode = "seq-mean-token-sum-norm" if "loss_scale_factor" in options else (
+        "seq-mean-token-mean" if "num_seqs" in options else "token-mean")
+    with pytest.raises(LossError, match=fragment):
+        agg_loss(values, mask, mode, **options)
+    with pytest.raises(LossError, match=fragment):
+        policy_loss(torch.full((2, 3), -1.0), torch.full((2, 3), -1.0), torch.ones(2), mask,
+                    LossConfig(method="clip", agg=mode), **options)
+
+
+def test_agg_rejects_bad_masks_and_nan_when_unchecked():
+    values = torch.ones(2, 2)
+    for bad, shown in ((-1.0, "-1.0"), (math.nan, "nan"), (math.inf, "inf")):
+        mask = torch.tensor([[1.0, bad], [1.0, 0.0]])
+        with pytest.raises(LossError, match=f"mask must be.*got {shown} at index \\(0, 1\\)"):
+            agg_loss(values, mask, "token-mean")
+        for mode in AGG_MODES:
+            assert torch.isnan(agg_loss(values, mask, mode, check=False)), (mode, bad)
+    with pytest.raises(LossError, match="mask"):
+        agg_loss(values, torch.tensor([[1, -2], [1, 0]]), "token-sum")
+    assert torch.isnan(agg_loss(values, mask, "token-mean", num_tokens=torch.tensor(0.0),
+                                check=False))
+    # non-negative weights stay valid (verl and TRL pass their normalisation this way)
+    weights = torch.tensor([[0.25, 2.0], [0.5, 0.0]])
+    assert agg_loss(values, weights, "token-sum").item() == 2.75
+    with pytest.raises(LossError, match="check must be"):
+        agg_loss(values, weights, "token-sum", check="yes")
+
+
+def test_agg_integer_values_are_averaged_in_float32():
+    values = torch.tensor([[1, 2, 3], [4, 0, 0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    for mode in AGG_MODES:
+        got = agg_loss(values, mask, mode)
+        assert got.dtype == torch.float32
+        assert got.item() == agg_loss(values.float(), mask, mode).item(), mode
+    assert agg_loss(values.bool(), mask, "token-sum").item() == 4.0
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (3, 0)])
+@pytest.mark.parametrize("method", METHODS)
+def test_empty_batch_gives_zero_loss_with_gradient(shape, method, monkeypatch):
+    monkeypatch.setattr(fbands, "log_bounds", fake_log_bounds([]), raising=False)
+    logp_old = torch.full(shape, -1.0)
+    logp = torch.full(shape, -0.9, requires_grad=True)
+    for agg in AGG_MODES:
+        cfg = LossConfig(method=method, div="tv", agg=agg)
+        loss, metrics = policy_loss(logp_old, logp, torch.ones(shape[0]), torch.ones(shape), cfg)
+        (grad,) = torch.autograd.grad(loss, logp)
+        assert loss.item() == 0.0 and grad.shape == shape, agg
+        assert all(v.item() == 0.0 for v in metrics.values()), agg
+
+
+def test_checked_and_unchecked_values_are_identical():
+    logp_old, logp, adv, mask = random_batch(21)
+    for method in METHODS:
+        cfg = LossConfig(method=method, div="tv")
+        band = precompute_band(logp_old, cfg, mask=mask)
+        a = policy_loss(logp_old, logp, adv, mask, cfg, band, check=True)
+        b = policy_loss(logp_old, logp, adv, mask, cfg, band, check=False)
+        assert torch.equal(a[0], b[0]), method
+        assert all(torch.equal(a[1][k], b[1][k]) for k in METRIC_KEYS), method
+
+
+def test_meta_and_sparse_tensors_give_loss_errors():
+    meta = torch.full((2, 3), -1.0, device="meta")
+    cfg = LossConfig(method="clip")
+    with pytest.raises(LossError, match="meta"):
+        policy_loss(meta, meta, torch.ones(2, device="meta"), torch.ones(2, 3, device="meta"),
+                    cfg, check=True)
+    with pytest.raises(LossError, match="meta"):
+        precompute_band(meta, cfg)
+    sparse = torch.full((2, 3), -1.0).to_sparse()
+    with pytest.raises(LossError, match="dense"):
+        policy_loss(sparse, sparse, torch.ones(2), torch.ones(2, 3), cfg)
+    with pytest.raises(LossError, match="check must be"):
+        policy_loss(torch.full((2, 3), -1.0), torch.full((2, 3), -1.0), torch.ones(2),
+                    torch.ones(2, 3), cfg, check=1)
