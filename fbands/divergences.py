@@ -32,7 +32,7 @@ from typing import Any
 
 import sympy as sp
 
-from fbands import symbolic
+from fbands import _derived, symbolic
 from fbands.errors import DivergenceError
 
 __all__ = ["Divergence", "available", "get", "register"]
@@ -75,7 +75,7 @@ class Divergence:
     def derivation(self) -> symbolic.Derivation:
         """The sympy-derived ingredients (see :mod:`fbands.symbolic`)."""
         with self._lock:
-            return symbolic.derive(self.f)
+            return _derived.derive(self.f)  # from the private cache when warm
 
     @property
     def f0(self) -> float:

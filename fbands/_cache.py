@@ -1,0 +1,89 @@
+"""The on-disk cache's rules for data files: a private directory, verified JSON, atomic writes.
+
+Root: ``FBANDS_CACHE_DIR``, else ``~/.cache/fbands``.  A subdirectory is used only if it is a
+real directory (not a link) owned by this user with no access for others (it is created with
+mode 0700, and tightened to it when found looser); otherwise :func:`private_dir` returns None
+and the caller computes instead of caching.  A file holds ``{"key", "sha256", "data"}``: it is
+read only when its key is the one asked for and the hash of its data matches, so a damaged,
+truncated or misplaced file is ignored, never trusted.  Nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+__all__ = ["root", "private_dir", "read_json", "write_json"]
+
+#: Files larger than this are not read (a cache entry is a few kB).
+MAX_BYTES = 1 << 24
+
+
+def root() -> Path:
+    """``FBANDS_CACHE_DIR``, else ``~/.cache/fbands``."""
+    env = os.environ.get("FBANDS_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "fbands"
+
+
+def private_dir(name: str) -> Path | None:
+    """``root() / name``, created if needed, when it is private to this user; else None."""
+    path = root() / name
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            return None
+        if st.st_mode & 0o077:
+            os.chmod(path, 0o700)
+        if not os.access(path, os.W_OK | os.X_OK):
+            return None
+    except OSError:
+        return None
+    return path
+
+
+def _digest(data) -> str:
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def read_json(path: Path, key: str):
+    """The data stored under ``key`` at ``path``, or None (missing, foreign or damaged)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            raw = fh.read(MAX_BYTES + 1)
+        if len(raw) > MAX_BYTES:
+            return None
+        obj = json.loads(raw)
+        if not isinstance(obj, dict) or obj.get("key") != key:
+            return None
+        data = obj.get("data")
+        return data if obj.get("sha256") == _digest(data) else None
+    except (OSError, ValueError, TypeError, RecursionError):
+        return None
+
+
+def write_json(path: Path, key: str, data) -> bool:
+    """Store ``data`` under ``key`` at ``path`` (atomically: readers never see half a file);
+    False if it could not be written."""
+    text = json.dumps({"key": key, "sha256": _digest(data), "data": data}, sort_keys=True)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        return False
+    return True

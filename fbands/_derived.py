@@ -1,0 +1,194 @@
+"""What sympy derives from a generator, kept on disk as data, so that a warm process skips it.
+
+:func:`fbands.symbolic.derive` (simplification, limits, closed forms) costs seconds per
+divergence, and every fresh process (a Ray worker, a test run, a CLI call) would pay it again
+on its first call.  :func:`derive` below answers from a file when an earlier process on the
+machine derived the same ``f`` with the same code, and derives and stores it otherwise.
+
+The file is JSON, never pickle: each expression is a tree of ``[kind, ...]`` lists over a
+fixed vocabulary (the node classes in :data:`_CLASSES`, the known symbols, integers,
+rationals, floats as their exact binary value, a few constants), rebuilt without evaluating
+any text.  A file is used only when
+
+* it sits in a private directory (:func:`fbands._cache.private_dir`: owned by this user,
+  mode 0700),
+* its name and its ``key`` are the hash of ``f``, of :mod:`fbands.symbolic`'s source and of
+  sympy's version (a change to either is a different key),
+* the hash of its payload matches the one it records, and
+* the ``f`` it rebuilds equals the requested ``f``.
+
+Anything else (no directory, a damaged or foreign file, a node outside the vocabulary)
+falls back to deriving in the process; the cache never changes an answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import sympy as sp
+from sympy.codegen import cfunctions
+
+from fbands import _cache, symbolic
+
+__all__ = ["derive", "encode", "decode"]
+
+#: Format of the files; part of the key.
+FORMAT = 1
+
+#: Node classes an expression may hold, by name (anything else is not cached).
+_CLASSES = {
+    cls.__name__: cls
+    for cls in (
+        sp.Add, sp.Mul, sp.Pow, sp.exp, sp.log, sp.sinh, sp.cosh, sp.tanh, sp.sign, sp.Abs,
+        sp.Max, sp.Min, sp.LambertW,
+        cfunctions.expm1, cfunctions.log1p, cfunctions.exp2, cfunctions.log2,
+        cfunctions.log10, cfunctions.Sqrt, cfunctions.Cbrt, cfunctions.hypot,
+    )
+}
+_SYMBOLS = {
+    s.name: s
+    for s in (symbolic.U, symbolic.S, symbolic.T, symbolic.P, symbolic.Q, symbolic.D,
+              symbolic.Y, symbolic.R)
+}
+_CONSTANTS = {"pi": sp.pi, "E": sp.E, "oo": sp.oo, "-oo": -sp.oo, "zoo": sp.zoo,
+              "nan": sp.nan, "EulerGamma": sp.EulerGamma}
+
+
+class _Unsupported(ValueError):
+    """An expression holds a node outside the vocabulary: derive, do not store."""
+
+
+def encode(e: sp.Expr) -> list:
+    """``e`` as a JSON-ready tree (raises :class:`_Unsupported` outside the vocabulary)."""
+    if e.is_Symbol:
+        if _SYMBOLS.get(e.name) != e:
+            raise _Unsupported(f"symbol {e!r}")
+        return ["sym", e.name]
+    if e.is_Integer:
+        return ["int", str(int(e))]
+    if e.is_Rational:
+        return ["rat", str(e.p), str(e.q)]
+    if e.is_Float:
+        sign, man, exp, bc = e._mpf_
+        return ["float", sign, hex(man), exp, bc, e._prec]
+    for name, value in _CONSTANTS.items():
+        if e == value:
+            return ["const", name]
+    name = type(e).__name__
+    if _CLASSES.get(name) is not type(e):
+        raise _Unsupported(f"node {name}")
+    return ["fn", name, [encode(a) for a in e.args]]
+
+
+def decode(tree: list) -> sp.Expr:
+    """The expression of a tree made by :func:`encode` (a ``KeyError`` / ``ValueError`` on a
+    malformed one)."""
+    kind = tree[0]
+    if kind == "sym":
+        return _SYMBOLS[tree[1]]
+    if kind == "int":
+        return sp.Integer(int(tree[1]))
+    if kind == "rat":
+        return sp.Rational(int(tree[1]), int(tree[2]))
+    if kind == "float":
+        _, sign, man, exp, bc, prec = tree
+        return sp.Float._new((int(sign), int(man, 16), int(exp), int(bc)), int(prec))
+    if kind == "const":
+        return _CONSTANTS[tree[1]]
+    if kind == "fn":
+        return _CLASSES[tree[1]](*(decode(a) for a in tree[2]), evaluate=False)
+    raise ValueError(f"unknown node kind {kind!r}")
+
+
+def _encode_form(cf: symbolic.ClosedForm | None):
+    return None if cf is None else {"coeffs": [encode(c) for c in cf.coeffs],
+                                    "squared": cf.squared}
+
+
+def _decode_form(data) -> symbolic.ClosedForm | None:
+    if data is None:
+        return None
+    return symbolic.ClosedForm(tuple(decode(c) for c in data["coeffs"]), bool(data["squared"]))
+
+
+def _tail(t):
+    return None if t is None else (float(t[0]), float(t[1]), int(t[2]), float(t[3]))
+
+
+def _to_data(d: symbolic.Derivation) -> dict:
+    return {
+        "f": encode(d.f), "F_near": encode(d.F_near), "F_far": encode(d.F_far),
+        "dF": encode(d.dF), "f0": d.f0, "fpinf": d.fpinf, "fpp1": d.fpp1,
+        "upper": _encode_form(d.upper), "lower": _encode_form(d.lower),
+        "lower_y": _encode_form(d.lower_y), "tail0": d.tail0, "tail_inf": d.tail_inf,
+        "f0_text": d.f0_text,
+    }
+
+
+def _from_data(data: dict) -> symbolic.Derivation:
+    return symbolic.Derivation(
+        f=decode(data["f"]), F_near=decode(data["F_near"]), F_far=decode(data["F_far"]),
+        dF=decode(data["dF"]), f0=float(data["f0"]), fpinf=float(data["fpinf"]),
+        fpp1=float(data["fpp1"]), upper=_decode_form(data["upper"]),
+        lower=_decode_form(data["lower"]), tail0=_tail(data["tail0"]),
+        tail_inf=_tail(data["tail_inf"]), lower_y=_decode_form(data["lower_y"]),
+        f0_text=str(data["f0_text"]),
+    )
+
+
+_CODE_HASH: list[str] = []
+
+
+def _code_hash() -> str:
+    """Hash of what decides a derivation: the source of :mod:`fbands.symbolic` (and of this
+    module's format) and sympy's version."""
+    if not _CODE_HASH:
+        h = hashlib.sha256(f"{FORMAT} {sp.__version__}\n".encode())
+        h.update(Path(symbolic.__file__).read_bytes())
+        _CODE_HASH.append(h.hexdigest())
+    return _CODE_HASH[0]
+
+
+def key(f: sp.Expr, closed_forms: bool = True) -> str:
+    """The cache key of ``derive(f, closed_forms=...)``."""
+    text = f"{_code_hash()}\n{closed_forms}\n{sp.srepr(f)}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _same(a: symbolic.Derivation, b: symbolic.Derivation) -> bool:
+    """Field by field equality (floats: nan equals nan)."""
+    for name in a.__dataclass_fields__:
+        x, y = getattr(a, name), getattr(b, name)
+        if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
+            continue
+        if x != y:
+            return False
+    return True
+
+
+def derive(f: sp.Expr, *, closed_forms: bool = True) -> symbolic.Derivation:
+    """:func:`fbands.symbolic.derive`, answered from the private cache when it can be."""
+    k = key(f, closed_forms)
+    store = _cache.private_dir("derived")
+    if store is not None:
+        data = _cache.read_json(store / f"{k}.json", k)
+        if data is not None:
+            try:
+                found = _from_data(data)
+            except (KeyError, ValueError, TypeError, IndexError, RecursionError):
+                found = None
+            if found is not None and found.f == f:
+                return found
+    d = symbolic.derive(f, closed_forms=closed_forms)
+    if store is not None:
+        try:
+            data = _to_data(d)
+        except _Unsupported:
+            return d
+        # Store only what rebuilds to the very same derivation (same trees, same numbers).
+        if _same(_from_data(json.loads(json.dumps(data))), d):
+            _cache.write_json(store / f"{k}.json", k, data)
+    return d
