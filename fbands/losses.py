@@ -168,6 +168,15 @@ class LossConfig:
     agg : str
         Aggregation over tokens, one of :data:`AGG_MODES` (see :func:`agg_loss`).
 
+    Raises
+    ------
+    LossError
+        For an unknown method or aggregation, or a value out of range or of the wrong
+        type (a bool is not a number); the message names the field.
+    fbands.DivergenceError
+        For a ``div`` that :func:`fbands.get` does not accept (methods with a
+        divergence band only).
+
     Examples
     --------
     >>> LossConfig(method="clip_higher", eps_high=0.28).eps_high
@@ -200,6 +209,12 @@ class LossConfig:
             raise LossError(f"relax must be True or False, got {self.relax!r}")
         if not isinstance(self.div, str) or not self.div:
             raise LossError(f"div must be a divergence name, got {self.div!r}")
+        if self.method in _DIVERGENCE_BAND:
+            import fbands  # at call time: the package's __init__ may import this module
+
+            # An unknown or malformed divergence fails here, not at the first batch.  The
+            # string is parsed by fbands.get, never evaluated as code.
+            fbands.get(self.div)
         _check_number("delta", self.delta, low=0.0, low_open=True)
         _check_number("eps_low", self.eps_low, low=0.0, high=1.0)
         _check_number("eps_high", self.eps_high, low=0.0)

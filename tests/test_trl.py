@@ -13,6 +13,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from trl import GRPOConfig, GRPOTrainer
 
+import fbands
 from fbands import losses as fl
 from fbands.integrations.trl import (
     BandGRPOConfig,
@@ -271,3 +272,58 @@ def test_guide_laptop_example_runs(tmp_path, monkeypatch):
     logs = [e for e in namespace["trainer"].state.log_history if "band/clipfrac" in e]
     assert len(logs) == 4
     assert max(e["band/clipfrac"] for e in logs) > 0
+
+
+# --- strict input coercion and divergence strings (issue 19) -------------------------------
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"band_delta": True}, "band_delta must be a number, got True"),
+        ({"band_delta": False}, "band_delta must be a number, got False"),
+        ({"band_delta": "wide"}, "band_delta"),
+        ({"band_relax": "maybe"}, "band_relax must be true or false"),
+        ({"band_truncation": True}, "band_truncation"),
+        ({"band_upper_bound_max": True}, "band_upper_bound_max"),
+        ({"band_dual_clip_c": True}, "band_dual_clip_c"),
+        ({"band_div": 5}, "band_div"),
+    ],
+)
+def test_band_options_are_read_strictly(tmp_path, options, match):
+    with pytest.raises(fbands.ConfigError, match=match):
+        make_args(tmp_path, **options)
+
+
+def test_relax_text_is_not_truthy(tmp_path):
+    assert make_args(tmp_path, band_relax="false").band_loss_config().relax is False
+    assert make_args(tmp_path, band_relax="true").band_loss_config().relax is True
+    assert make_args(tmp_path, band_delta="5e-2").band_loss_config().delta == 0.05
+    assert issubclass(TRLBandError, fbands.ConfigError)
+
+
+def test_command_line_band_options_are_strict(tmp_path):
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(BandGRPOConfig)
+    base = ["--output_dir", str(tmp_path), "--report_to", "none", "--use_cpu", "true"]
+    (args,) = parser.parse_args_into_dataclasses(base + ["--band_relax", "false"])
+    assert args.band_loss_config().relax is False
+    marker = tmp_path / "PWNED"
+    with pytest.raises(fbands.DivergenceError):
+        parser.parse_args_into_dataclasses(
+            base + ["--band_div", f"alpha(a=(__import__('os').system('touch {marker}') or 2))"])
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        "alpha(a=(__import__('os').system('touch {marker}') or 2))",
+        "__import__('os').system('touch {marker}')",
+        "alpha(a=__import__('os').system('touch {marker}'))",
+    ],
+)
+def test_divergence_payloads_are_not_executed(tmp_path, payload):
+    marker = tmp_path / "PWNED"
+    with pytest.raises(fbands.DivergenceError):
+        make_args(tmp_path, band_div=payload.format(marker=marker))
+    assert not marker.exists()

@@ -52,10 +52,10 @@ def band_actor(*extra: str) -> ActorConfig:
 
 
 def batch(seed=0, rows=4, cols=6, dtype=torch.float32):
-    """old/new log-probs (ratios spread around 1), advantages and a ragged bool mask."""
+    """old/new log-probs (ratios spread around 1; new ones stay <= 0), advantages, a ragged mask."""
     g = torch.Generator().manual_seed(seed)
     old = torch.log(torch.rand(rows, cols, generator=g, dtype=torch.float64) * 0.9 + 0.02)
-    new = old + 0.5 * torch.randn(rows, cols, generator=g, dtype=torch.float64)
+    new = (old + 0.5 * torch.randn(rows, cols, generator=g, dtype=torch.float64)).clamp(max=0)
     adv = torch.randn(rows, 1, generator=g, dtype=torch.float64).expand(rows, cols)
     mask = torch.ones(rows, cols, dtype=torch.bool)
     mask[1, 4:] = False
@@ -375,3 +375,67 @@ def test_pyproject_declares_the_entry_point():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     group, name, value = fv.ENTRY_POINT
     assert project.get("entry-points", {}).get(group, {}).get(name) == value
+
+
+# --- strict input coercion and divergence strings (issue 19) -------------------------------
+PAYLOADS = (
+    "alpha(a=(__import__('os').system('touch {marker}') or 2))",
+    "__import__('os').system('touch {marker}')",
+    "kl; __import__('os').system('touch {marker}')",
+    "alpha(a=__import__('os').system('touch {marker}'))",
+)
+
+
+def test_relax_and_numbers_are_read_strictly():
+    def cfg(**fields):
+        return fv.loss_config({"loss_mode": "band", **fields})
+
+    assert cfg(relax="false").relax is False  # bool("false") would be True
+    assert cfg(relax="False").relax is False and cfg(relax="true").relax is True
+    assert cfg(relax=False).relax is False and cfg(relax=True).relax is True
+    assert cfg(delta="5e-2").delta == 0.05  # YAML 1.1 leaves "5e-2" a string
+    for fields, name in (({"relax": "maybe"}, "relax"), ({"relax": 1.0}, "relax"),
+                         ({"delta": True}, "delta"), ({"delta": False}, "delta"),
+                         ({"delta": "a lot"}, "delta"), ({"truncation": True}, "truncation"),
+                         ({"upper_bound_max": True}, "upper_bound_max"),
+                         ({"div": 3}, "div"), ({"div": ["kl"]}, "div")):
+        with pytest.raises(fbands.ConfigError, match=f"policy_loss.{name}"):
+            cfg(**fields)
+    with pytest.raises(fbands.ConfigError, match="clip_ratio_low"):
+        fv.loss_config({"loss_mode": "band"}, {"clip_ratio_low": True})
+    with pytest.raises(fbands.ConfigError, match="delta must be a number, got True"):
+        fv.BandPolicyLossConfig(delta=True)
+    assert issubclass(fv.VerlBandError, fbands.ConfigError)
+
+
+def test_relax_text_through_hydra_is_false():
+    actor = band_actor("+actor_rollout_ref.actor.policy_loss.relax='false'")
+    assert actor.policy_loss.relax == "false"  # Hydra hands the text over as it is
+    assert fv.loss_config(actor.policy_loss, actor).relax is False
+    with pytest.raises(Exception, match="policy_loss.relax must be true or false"):
+        band_actor("+actor_rollout_ref.actor.policy_loss.relax='maybe'")
+
+
+@pytest.mark.parametrize("payload", PAYLOADS)
+def test_divergence_payloads_are_not_executed(payload, tmp_path):
+    marker = tmp_path / "PWNED"
+    spec = payload.format(marker=marker)
+    with pytest.raises(fbands.DivergenceError):
+        fv.BandPolicyLossConfig(div=spec)
+    with pytest.raises(fbands.DivergenceError):
+        fl.precompute_band(torch.full((1, 2), -1.0), fl.LossConfig(div=spec))
+    old, new, adv, mask = batch()
+    actor = {"policy_loss": {"loss_mode": "band", "div": spec}}
+    with pytest.raises(fbands.DivergenceError):
+        call("band", old, new, adv, mask, actor)
+    assert not marker.exists()
+
+
+def test_divergence_payload_through_hydra_is_not_executed(tmp_path):
+    marker = tmp_path / "PWNED"
+    spec = PAYLOADS[0].format(marker=marker)
+    with pytest.raises(Exception) as info:  # Hydra wraps the error in its own exception
+        verl_actor(*BAND_OVERRIDES[:2], f'+actor_rollout_ref.actor.policy_loss.div="{spec}"')
+    assert "DivergenceError" in repr(info.value) or isinstance(info.value,
+                                                               fbands.DivergenceError)
+    assert not marker.exists()

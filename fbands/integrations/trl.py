@@ -52,6 +52,8 @@ from trl.trainer.utils import nanmax, nanmin
 
 import fbands
 from fbands import losses as fl
+from fbands.errors import ConfigError
+from fbands.integrations._options import as_bool, as_float, as_str
 
 __all__ = [
     "SUPPORTED_LOSS_TYPES",
@@ -82,8 +84,8 @@ _FORWARD_KEYS = (
 )
 
 
-class TRLBandError(ValueError):
-    """A TRL configuration the band trainer cannot honour."""
+class TRLBandError(ConfigError):
+    """A TRL configuration the band trainer cannot honour (a :class:`fbands.ConfigError`)."""
 
 
 class BandInactiveWarning(UserWarning):
@@ -121,8 +123,11 @@ class BandGRPOConfig(GRPOConfig):
         For options whose loss a band cannot replace: a ``loss_type`` outside
         :data:`SUPPORTED_LOSS_TYPES`, sequence-level importance sampling, TRL's
         two-sided ``delta`` (use ``band_dual_clip_c``) and the adaptive entropy bonus.
+    fbands.ConfigError
+        For a band option of the wrong type (``band_delta=True``, ``band_relax="maybe"``;
+        the text ``"false"`` reads as False).
     fbands.DivergenceError, fbands.losses.LossError
-        For an unknown divergence or an invalid band option (both are ValueErrors).
+        For an unknown divergence or an invalid band option (all are ValueErrors).
 
     Examples
     --------
@@ -171,8 +176,10 @@ class BandGRPOConfig(GRPOConfig):
             )
         if self.use_adaptive_entropy:
             raise TRLBandError("use_adaptive_entropy=True is not supported with a band loss")
-        fbands.get(self.band_div)  # an unknown divergence fails here, not at step 1
-        self.band_loss_config()  # so do a bad delta or method
+        # An unknown divergence fails here, not at step 1; fbands.get parses the string
+        # (never evaluates it).  A bad delta, method or type fails in band_loss_config.
+        fbands.get(as_str("band_div", self.band_div))
+        self.band_loss_config()
 
     def band_loss_config(self) -> fl.LossConfig:
         """The :class:`fbands.losses.LossConfig` these options describe.
@@ -185,15 +192,16 @@ class BandGRPOConfig(GRPOConfig):
         """
         eps_high = self.epsilon_high if self.epsilon_high is not None else self.epsilon
         return fl.LossConfig(
-            method=self.band_method,
-            div=self.band_div,
-            delta=float(self.band_delta),
-            eps_low=float(self.epsilon),
-            eps_high=float(eps_high),
-            dual_clip_c=self.band_dual_clip_c,
-            relax=self.band_relax,
-            upper_bound_max=self.band_upper_bound_max,
-            truncation=float(self.band_truncation),
+            method=as_str("band_method", self.band_method),
+            div=as_str("band_div", self.band_div),
+            delta=as_float("band_delta", self.band_delta),
+            eps_low=as_float("epsilon", self.epsilon),
+            eps_high=as_float("epsilon_high", eps_high),
+            dual_clip_c=as_float("band_dual_clip_c", self.band_dual_clip_c, optional=True),
+            relax=as_bool("band_relax", self.band_relax),
+            upper_bound_max=as_float("band_upper_bound_max", self.band_upper_bound_max,
+                                     optional=True),
+            truncation=as_float("band_truncation", self.band_truncation),
             agg="token-sum",
         )
 

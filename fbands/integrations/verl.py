@@ -42,6 +42,8 @@ from verl.workers.config import PolicyLossConfig
 
 import fbands
 from fbands import losses as fl
+from fbands.errors import ConfigError
+from fbands.integrations._options import as_bool, as_float, as_str
 
 __all__ = [
     "ENTRY_POINT",
@@ -69,8 +71,8 @@ LOSS_MODES: dict[str, str | None] = {
 ENTRY_POINT = ("verl.plugins", "fbands", "fbands.integrations.verl")
 
 
-class VerlBandError(ValueError):
-    """A verl configuration that the band losses cannot use."""
+class VerlBandError(ConfigError):
+    """A verl configuration that the band losses cannot use (a :class:`fbands.ConfigError`)."""
 
 
 @dataclass
@@ -109,8 +111,10 @@ class BandPolicyLossConfig(PolicyLossConfig):
     ------
     VerlBandError
         If ``loss_mode`` is not a band loss.
+    fbands.ConfigError
+        For a value of the wrong type (``delta=True``, ``relax="maybe"``).
     fbands.DivergenceError, fbands.losses.LossError
-        For an unknown divergence or an invalid option (both are ValueErrors).
+        For an unknown divergence or an invalid option (all three are ValueErrors).
 
     Examples
     --------
@@ -136,8 +140,9 @@ class BandPolicyLossConfig(PolicyLossConfig):
                 f"use one of {sorted(LOSS_MODES)} with BandPolicyLossConfig"
             )
         # Checking the divergence and building the LossConfig once here reports a bad
-        # value when the config is built, not inside the first step of every worker.
-        fbands.get(self.div)
+        # value when the config is built, not inside the first step of every worker.  The
+        # divergence string is parsed by fbands.get (never evaluated as code).
+        fbands.get(as_str("policy_loss.div", self.div))
         loss_config(self)
 
 
@@ -179,6 +184,10 @@ def loss_config(
     ------
     VerlBandError
         If the loss mode is not one of :data:`LOSS_MODES`.
+    fbands.ConfigError
+        If a value has the wrong type: numbers may come as text (``"5e-2"``), ``relax``
+        as ``true``/``false`` text, but a bool is not a number and ``"false"`` is never
+        true.
     fbands.losses.LossError
         If a band parameter is invalid (an unknown method, ``delta <= 0``, ...).
 
@@ -197,19 +206,21 @@ def loss_config(
     def band(key: str) -> Any:
         return _get(policy_loss, key, fields[key].default)
 
+    def number(key: str) -> float | None:
+        return as_float(f"policy_loss.{key}", band(key), optional=fields[key].default is None)
+
     actor = {} if actor is None else actor
     clip_ratio = _get(actor, "clip_ratio", 0.2)
-    upper_bound_max, dual_clip_c = band("upper_bound_max"), band("dual_clip_c")
     return fl.LossConfig(
-        method=LOSS_MODES[mode] or band("method"),
-        div=band("div"),
-        delta=float(band("delta")),
-        eps_low=float(_get(actor, "clip_ratio_low", clip_ratio)),
-        eps_high=float(_get(actor, "clip_ratio_high", clip_ratio)),
-        dual_clip_c=None if dual_clip_c is None else float(dual_clip_c),
-        relax=bool(band("relax")),
-        upper_bound_max=None if upper_bound_max is None else float(upper_bound_max),
-        truncation=float(band("truncation")),
+        method=LOSS_MODES[mode] or as_str("policy_loss.method", band("method")),
+        div=as_str("policy_loss.div", band("div")),
+        delta=number("delta"),
+        eps_low=as_float("actor.clip_ratio_low", _get(actor, "clip_ratio_low", clip_ratio)),
+        eps_high=as_float("actor.clip_ratio_high", _get(actor, "clip_ratio_high", clip_ratio)),
+        dual_clip_c=number("dual_clip_c"),
+        relax=as_bool("policy_loss.relax", band("relax")),
+        upper_bound_max=number("upper_bound_max"),
+        truncation=number("truncation"),
         agg="token-sum",
     )
 

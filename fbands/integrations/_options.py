@@ -1,0 +1,70 @@
+"""Strict reading of plug-in options that may arrive as YAML or command-line strings.
+
+verl hands over values from Hydra / OmegaConf and TRL from Python or ``HfArgumentParser``,
+so an option can come as the right type or as text.  Each reader accepts exactly the
+spellings listed and raises :class:`fbands.ConfigError` naming the option otherwise:
+``bool("false")`` is True and ``float(True)`` is 1.0, neither of which may happen here.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from fbands.errors import ConfigError
+
+_TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
+
+
+def as_bool(name: str, value) -> bool:
+    """``True``/``False``, or the text ``true``/``false`` (also ``yes``/``no``, ``1``/``0``).
+
+    >>> as_bool("relax", "False")
+    False
+    >>> as_bool("relax", 2)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    fbands.errors.ConfigError: relax must be true or false, got 2
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in _TRUE or text in _FALSE:
+            return text in _TRUE
+    raise ConfigError(f"{name} must be true or false, got {value!r}")
+
+
+def as_float(name: str, value, *, optional: bool = False) -> float | None:
+    """A real number (not a bool), or text that reads as one (``"5e-2"``, which YAML 1.1
+    leaves a string); ``None`` only when ``optional``.  Range checks are the caller's.
+
+    >>> as_float("delta", "5e-2")
+    0.05
+    >>> as_float("delta", True)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    fbands.errors.ConfigError: delta must be a number, got True
+    """
+    if value is None and optional:
+        return None
+    if isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            raise ConfigError(f"{name} must be a number, got {value!r}") from None
+        if math.isnan(number) or "_" in value:
+            raise ConfigError(f"{name} must be a number, got {value!r}")
+        return number
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy scalars pass
+        raise ConfigError(f"{name} must be a number, got {value!r}")
+    return float(value)
+
+
+def as_str(name: str, value) -> str:
+    """A non-empty string (a divergence spec or a method name), never another type."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{name} must be a non-empty string, got {value!r}")
+    return value
