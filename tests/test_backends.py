@@ -17,6 +17,8 @@ import pytest
 import fbands
 from fbands import divergences
 
+from ._speed import registry
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("numba")
 
@@ -82,7 +84,7 @@ def cpu_kernel(request, monkeypatch):
     return request.param
 
 
-@pytest.mark.parametrize("div", DIVERGENCES)
+@pytest.mark.parametrize("div", registry(DIVERGENCES))
 def test_float64_backends_agree_with_numpy(div, cpu_kernel):
     tol = LOOSE.get(div, 1e-12)
     grid_p = np.broadcast_to(P, (len(DELTAS), P.size))
@@ -109,7 +111,7 @@ def test_float64_backends_agree_with_numpy(div, cpu_kernel):
                 assert err <= tol, (name, div, log, err)
 
 
-@pytest.mark.parametrize("div", FLOAT32_DIVERGENCES)
+@pytest.mark.parametrize("div", registry(FLOAT32_DIVERGENCES))
 def test_float32_within_a_few_ulp(div, cpu_kernel):
     p32 = P.astype(np.float32)
     # p rounding to exactly 1 in float32 is the p -> 1 limit, which the numpy reference
@@ -126,7 +128,7 @@ def test_float32_within_a_few_ulp(div, cpu_kernel):
                     assert ulp_err(g, r) <= 4, (div, delta, log)
 
 
-@pytest.mark.parametrize("div", ["kl", "reverse_kl", "chi2", "js"])
+@pytest.mark.parametrize("div", registry(["kl", "reverse_kl", "chi2", "js"]))
 def test_p_at_one(div):
     """p = 1 (log p = 0) and p within 1e-30 of it, where the band tends to [r*, 1]."""
     lp = np.array([0.0, -1e-30, -1e-20])
@@ -185,7 +187,7 @@ def test_user_registered_divergence_runs_on_numba_and_torch():
     assert abs(g(float(hi[0])) - delta) < 1e-12 and abs(g(float(lo[0])) - delta) < 1e-12
 
 
-@pytest.mark.parametrize("div", ["kl", "js", "hellinger"])
+@pytest.mark.parametrize("div", registry(["kl", "js", "hellinger"]))
 def test_against_the_high_precision_reference(div):
     import mpmath as mp
 

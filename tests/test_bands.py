@@ -16,6 +16,7 @@ from fbands.backends import numpy_backend
 from fbands.bands import NumpyInputs
 
 from . import reference as ref
+from ._speed import registry
 
 DIVS = list(ref.TABLE)
 # Checked and derived once; the fixture below puts the same object back for each test.
@@ -43,7 +44,7 @@ def g(div, p, r):
         return ref.g(ref.TABLE[div], mp.mpf(p), mp.mpf(r))
 
 
-@pytest.mark.parametrize("div", DIVS)
+@pytest.mark.parametrize("div", registry(DIVS))
 @given(lp=log_p, ld=log_delta)
 def test_band_contains_one_and_respects_the_simplex(div, lp, ld):
     p, delta = math.exp(lp), math.exp(ld)
@@ -52,7 +53,7 @@ def test_band_contains_one_and_respects_the_simplex(div, lp, ld):
     assert hi <= (1 / p) * (1 + 1e-15)
 
 
-@pytest.mark.parametrize("div", DIVS)
+@pytest.mark.parametrize("div", registry(DIVS))
 @given(lp=log_p, ld=log_delta)
 def test_edges_solve_the_band_equation(div, lp, ld):
     """g crosses delta at each unsaturated edge (checked in 60-digit arithmetic)."""
@@ -68,7 +69,7 @@ def test_edges_solve_the_band_equation(div, lp, ld):
         assert g(div, p, mp.mpf("1e-300")) <= delta * (1 + 1e-9)
 
 
-@pytest.mark.parametrize("div", DIVS)
+@pytest.mark.parametrize("div", registry(DIVS))
 @given(lp=log_p, ld=log_delta, factor=st.floats(1.01, 10.0))
 def test_bands_are_nested_in_delta(div, lp, ld, factor):
     p, delta = math.exp(lp), math.exp(ld)
@@ -104,7 +105,7 @@ def _rel_err(x, r):
     return float(abs(mp.mpf(float(x)) - r) / max(abs(r), mp.mpf("1e-6")))
 
 
-@pytest.mark.parametrize("div", BUILTIN + ["alpha(a=0.5)", "alpha(a=3)", "triangular"])
+@pytest.mark.parametrize("div", registry(BUILTIN + ["alpha(a=0.5)", "alpha(a=3)", "triangular"]))
 def test_float64_accuracy_against_60_digit_bisection(div):
     p = np.repeat(GRID_P, len(GRID_DELTA))
     delta = np.tile(GRID_DELTA, len(GRID_P))
@@ -116,7 +117,7 @@ def test_float64_accuracy_against_60_digit_bisection(div):
     assert worst <= 1e-12
 
 
-@pytest.mark.parametrize("div", BUILTIN)
+@pytest.mark.parametrize("div", registry(BUILTIN))
 @given(lp=log_p, ld=log_delta)
 def test_random_points_against_60_digit_bisection(div, lp, ld):
     p, delta = math.exp(lp), math.exp(ld)
