@@ -4,7 +4,7 @@ The band of a token with old probability ``p`` is the interval of ratios
 ``pi_new(a) / pi_old(a)`` that an f-divergence ball of radius ``delta`` allows.
 """
 
-from typing import TYPE_CHECKING
+import typing as _typing
 
 from fbands.bands import BACKENDS as BACKENDS
 from fbands.bands import bounds as bounds
@@ -18,7 +18,7 @@ from fbands.errors import ConfigError as ConfigError
 from fbands.errors import DivergenceError as DivergenceError
 from fbands.errors import LossError as LossError
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from fbands.backends.cvxpy_backend import reference_band as reference_band
 
 #: The one version string (pyproject.toml reads it: ``[tool.setuptools.dynamic]``).
