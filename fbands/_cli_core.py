@@ -75,6 +75,10 @@ def _plot(args: argparse.Namespace) -> int:
     from fbands.plotting import plot_bands
 
     names = [n.strip() for n in args.div.split(",") if n.strip()]
+    if not names:
+        from fbands.errors import DivergenceError
+
+        raise DivergenceError(f"--div {args.div!r} names no divergence")
     path = plot_bands(names, args.delta, args.output)
     print(f"wrote {path}", file=sys.stderr)
     return 0

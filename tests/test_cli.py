@@ -27,3 +27,48 @@ def test_plot_writes_a_png(tmp_path):
     out = tmp_path / "band.png"
     assert main(["plot", "--div", "kl,tv,chi2", "--delta", "0.05", "-o", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- errors: one line, exit code 2, never a traceback; payloads never run (issue 19) ---------
+PAYLOAD = "alpha(a=(__import__('os').system('touch {marker}') or 2))"
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fbands: error: ") and "\n" not in err and "Traceback" not in err
+    return err
+
+
+def test_bounds_input_errors_are_one_line(capsys):
+    cases = [
+        (["bounds", "2.0"], "2.0"),
+        (["bounds", "0.5", "--delta", "nan"], "delta"),
+        (["bounds", "0.5", "--div", "nope"], "nope"),
+        (["bounds", "0.5", "--backend", "nope"], "nope"),
+        (["bounds", "0.5", "--logp"], "0.5"),
+        (["bounds", "0.5", "--div", "alpha(a=1e400)"], "1e400"),
+    ]
+    for argv, fragment in cases:
+        assert main(argv) == 2, argv
+        assert fragment in one_line_error(capsys), argv
+
+
+def test_plot_input_errors_are_one_line(tmp_path, capsys):
+    out = tmp_path / "band.png"
+    for div in ("nope", ",", "kl,nope"):
+        assert main(["plot", "--div", div, "-o", str(out)]) == 2, div
+        one_line_error(capsys)
+    assert not out.exists()
+    assert main(["plot", "--div", "tv", "-o", str(tmp_path / "no" / "such" / "x.png")]) == 1
+    assert "x.png" in one_line_error(capsys)
+
+
+def test_divergence_payloads_do_not_run_from_the_command_line(tmp_path, capsys):
+    marker = tmp_path / "PWNED"
+    payloads = [PAYLOAD.format(marker=marker), f"__import__('os').system('touch {marker}')"]
+    for spec in payloads:
+        assert main(["bounds", "0.5", "--div", spec]) == 2
+        one_line_error(capsys)
+        assert main(["plot", "--div", spec, "-o", str(tmp_path / "p.png")]) == 2
+        one_line_error(capsys)
+    assert not marker.exists()
