@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
+import os
+import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +16,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("tqdm")
 
-from fbands.rl import cli as rl_cli  # noqa: E402
+from fbands.cli import main as fbands_main  # noqa: E402
 from fbands.rl import train as rl_train  # noqa: E402
 from fbands.rl.compare import compare, load_run, steps_to  # noqa: E402
 from fbands.rl.config import ConfigError, TrainConfig  # noqa: E402
@@ -91,7 +95,7 @@ def test_smoke_run_writes_metrics_and_checkpoint(tmp_path):
                     "loss/band_width", "loss/approx_kl_k3", "time/band_share"):
             assert np.isfinite(r[key]), key
     assert last["step"] == 3
-    saved = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    saved = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
     assert saved["step"] == 3 and saved["data_position"] == 3 * cfg.prompts_per_step
     assert TrainConfig.from_dict(saved["config"]) == cfg
     assert list((tmp_path / "cache").glob("warmstart-tail-*.pt"))  # warm start cached
@@ -113,7 +117,7 @@ def test_reward_is_computed_from_samples(tmp_path):
 
 
 def _params(run_dir):
-    return torch.load(f"{run_dir}/checkpoint.pt", weights_only=False)["model"]
+    return torch.load(f"{run_dir}/checkpoint.pt", weights_only=True)["model"]
 
 
 def test_resume_equals_uninterrupted_run(tmp_path):
@@ -124,7 +128,7 @@ def test_resume_equals_uninterrupted_run(tmp_path):
 
     cut = small(tmp_path, "cut", **opts)
     rl_train.train(cut, stop_after=3, log=quiet)  # "killed" after step 3, last save at 2
-    assert torch.load(f"{cut.run_dir}/checkpoint.pt", weights_only=False)["step"] == 2
+    assert torch.load(f"{cut.run_dir}/checkpoint.pt", weights_only=True)["step"] == 2
     with open(f"{cut.run_dir}/metrics.jsonl", "a") as f:
         f.write('{"step": 4, "rew')  # a line cut short by the kill
     rl_train.train(cut, resume=True, log=quiet)
@@ -161,7 +165,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setattr(rl_train, "policy_loss", poisoned)
     with pytest.raises(rl_train.NonFiniteLossError, match="step 3.*step 2"):
         rl_train.train(cfg, log=quiet)
-    saved = torch.load(f"{cfg.run_dir}/checkpoint.pt", weights_only=False)
+    saved = torch.load(f"{cfg.run_dir}/checkpoint.pt", weights_only=True)
     assert saved["step"] == 2
     assert all(torch.isfinite(v).all() for v in saved["model"].values())
     _, rows = load_run(cfg.run_dir)
@@ -201,7 +205,7 @@ def test_compare_plots_and_tabulates(tmp_path):
     ("steps", 0), ("group_size", 1), ("lr", -1.0), ("lr", float("nan")), ("task", "chess"),
     ("loss", "no-such-loss"), ("delta", 0.0), ("tail_share", 0.9), ("tiny_d_model", 30),
     ("temperature", 0.0), ("minibatches", 10_000), ("model", "/no/such/dir"),
-    ("adv_std_norm", "yes"),
+    ("adv_std_norm", "yes"), ("loss", "band-nope"), ("cache_dir", 5), ("extra", [1]),
 ])
 def test_bad_config_is_rejected_before_work(tmp_path, field, value):
     cfg = dataclasses.replace(small(tmp_path), **{field: value})
@@ -219,23 +223,172 @@ def test_config_file_and_unknown_keys(tmp_path):
 
 
 def test_cli_train_and_bad_option(tmp_path, capsys):
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    rl_cli.register(parser.add_subparsers())
     cfg = small(tmp_path)
-    args = parser.parse_args(["train", "--run-dir", cfg.run_dir, "--cache-dir", cfg.cache_dir,
-                              "--steps", "1", "--prompts-per-step", "2", "--group-size", "2",
-                              "--minibatches", "1", "--warm-start-steps", "5",
-                              "--tiny-d-model", "32", "--no-progress", "--loss", "clip-higher"])
-    assert args.func(args) == 0
+    assert fbands_main(["train", "--run-dir", cfg.run_dir, "--cache-dir", cfg.cache_dir,
+                        "--steps", "1", "--prompts-per-step", "2", "--group-size", "2",
+                        "--minibatches", "1", "--warm-start-steps", "5",
+                        "--tiny-d-model", "32", "--no-progress", "--loss", "clip-higher"]) == 0
     assert json.loads((tmp_path / "run" / "config.json").read_text())["loss"] == "clip-higher"
-    args = parser.parse_args(["train", "--run-dir", str(tmp_path / "x"), "--lr", "-1"])
-    assert args.func(args) == 2
-    assert "lr=-1.0" in capsys.readouterr().err
+    capsys.readouterr()
+    assert fbands_main(["train", "--run-dir", str(tmp_path / "x"), "--lr", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fbands: error: lr=-1.0") and err.count("\n") == 1
 
 
 def test_char_tokenizer_roundtrip():
     tok = char_tokenizer("0123456789+=")
     ids = tok("12+5=", add_special_tokens=False)["input_ids"]
     assert len(ids) == 5 and tok.decode(ids) == "12+5="
+
+
+# --- robustness: checkpoints, folders, config files, errors (issue 19) ----------------------
+PAYLOAD_LOSS = "band-alpha(a=(__import__('os').system('touch {marker}') or 2))"
+
+
+class RunsCode:
+    """An object whose unpickling would run a shell command (what a crafted file holds)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def checkpoint_like(cfg, **changes) -> dict:
+    """A dict shaped like a checkpoint (no training needed)."""
+    return {"model": {}, "optimizer": {}, "rng": {}, "step": 1, "data_position": 4,
+            "config": cfg.to_dict(), **changes}
+
+
+def prepared_run(tmp_path, content) -> TrainConfig:
+    """A run folder with config.json and a checkpoint.pt of the given bytes or object."""
+    cfg = small(tmp_path)
+    run = Path(cfg.run_dir)
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(cfg.to_dict()))
+    if isinstance(content, bytes):
+        (run / "checkpoint.pt").write_bytes(content)
+    else:
+        torch.save(content, run / "checkpoint.pt")
+    return cfg
+
+
+def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path):
+    random.seed(1)
+    np.random.seed(2)  # noqa: NPY002
+    torch.manual_seed(3)
+    np.random.standard_normal(1)  # noqa: NPY002  (leaves a cached Gaussian in the state)
+    torch.save({"rng": rl_train._rng_state(torch.device("cpu"))}, tmp_path / "s.pt")
+    want = (random.random(), np.random.standard_normal(), torch.rand(1).item())  # noqa: NPY002
+    state = torch.load(tmp_path / "s.pt", weights_only=True)["rng"]
+    rl_train._set_rng_state(state, torch.device("cpu"))
+    assert (random.random(), np.random.standard_normal(), torch.rand(1).item()) == want  # noqa: NPY002
+
+
+def test_checkpoint_that_runs_code_is_refused(tmp_path, capsys):
+    marker = tmp_path / "PWNED"
+    cfg = prepared_run(tmp_path, checkpoint_like(small(tmp_path), model=RunsCode(marker)))
+    with pytest.raises(ConfigError, match="checkpoint .* cannot be read"):
+        rl_train.train(cfg, resume=True, log=quiet)
+    assert rl_train._saved_step(Path(cfg.run_dir, "checkpoint.pt")) is None  # the NaN path
+    assert fbands_main(["train", "--resume", "--run-dir", cfg.run_dir]) == 2
+    assert capsys.readouterr().err.startswith("fbands: error: checkpoint")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("kind", ["empty", "truncated", "random", "no-config", "a-list",
+                                  "bad-step"])
+def test_unreadable_checkpoint_is_a_config_error(tmp_path, kind):
+    whole = io.BytesIO()
+    torch.save(checkpoint_like(small(tmp_path)), whole)
+    content = {
+        "empty": b"",
+        "truncated": whole.getvalue()[: len(whole.getvalue()) // 2],
+        "random": np.random.default_rng(0).bytes(4096),
+        "no-config": {k: v for k, v in checkpoint_like(small(tmp_path)).items() if k != "config"},
+        "a-list": [1, 2, 3],
+        "bad-step": checkpoint_like(small(tmp_path), step="1"),
+    }[kind]
+    cfg = prepared_run(tmp_path, content)
+    with pytest.raises(ConfigError, match=r"checkpoint '.*checkpoint\.pt'"):
+        rl_train.train(cfg, resume=True, log=quiet)
+
+
+def test_checkpoint_of_another_model_is_a_config_error(tmp_path):
+    cfg = prepared_run(tmp_path, checkpoint_like(small(tmp_path)))  # no weights in it
+    with pytest.raises(ConfigError, match="does not fit"):
+        rl_train.train(cfg, resume=True, log=quiet)
+
+
+@pytest.mark.parametrize("field", ["run_dir", "cache_dir"])
+def test_run_and_cache_dir_must_be_folders(tmp_path, field, capsys):
+    file = tmp_path / "a_file"
+    file.write_text("not a folder")
+    for value in (file, file / "below"):
+        cfg = dataclasses.replace(small(tmp_path), **{field: str(value)})
+        with pytest.raises(ConfigError, match=f"{field}=.*'{file}' is a file"):
+            rl_train.train(cfg, log=quiet)
+    flag = "--" + field.replace("_", "-")
+    argv = ["train", "--run-dir", str(tmp_path / "run"), "--cache-dir", str(tmp_path / "c"),
+            flag, str(file / "below")]
+    assert fbands_main(argv) == 2  # found before the warm start: nothing was written
+    assert capsys.readouterr().err.startswith(f"fbands: error: {field}=")
+    assert not (tmp_path / "run").exists() and not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("name, content, fragment", [
+    ("c.json", '{"steps": 3', "not valid JSON"),
+    ("c.json", "", "not valid JSON"),
+    ("c.json", "[1, 2]", "table of option names"),
+    ("c.json", "[" * 100_000, "JSON"),
+    ("c.json", b"\xff\xfe{}", "cannot be read"),
+    ("c.toml", "steps = ", "not valid TOML"),
+    ("c.toml", "steps = 3\nsteps = 4\n", "not valid TOML"),
+    ("c.yaml", "steps: 3", "expected a .json or .toml"),
+    ("c.json", '{"steps": "3"}', "steps='3'"),
+    ("c.json", '{"lr": NaN}', "lr=nan"),
+    ("c.toml", "extra = {when = 1979-05-27}", "extra"),
+])
+def test_malformed_config_files_are_config_errors(tmp_path, capsys, name, content, fragment):
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(ConfigError, match=fragment):
+        TrainConfig.from_file(path).validate()
+    assert fbands_main(["train", "--config", str(path), "--run-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fbands: error: ") and err.count("\n") == 1
+
+
+def test_loss_payloads_are_not_run_on_any_trainer_surface(tmp_path, capsys):
+    marker = tmp_path / "PWNED"
+    loss = PAYLOAD_LOSS.format(marker=marker)
+    with pytest.raises(ConfigError, match="loss="):
+        dataclasses.replace(small(tmp_path), loss=loss).validate()
+    assert fbands_main(["train", "--run-dir", str(tmp_path / "a"), "--loss", loss]) == 2
+    (tmp_path / "c.json").write_text(json.dumps({"loss": loss}))
+    (tmp_path / "c.toml").write_text(f"loss = {json.dumps(loss)}\n")
+    for config in ("c.json", "c.toml"):
+        argv = ["train", "--run-dir", str(tmp_path / "b"), "--config", str(tmp_path / config)]
+        assert fbands_main(argv) == 2
+    # a run's saved config.json, edited, is read the same way on --resume
+    cfg = prepared_run(tmp_path, checkpoint_like(small(tmp_path)))
+    saved = Path(cfg.run_dir, "config.json")
+    saved.write_text(json.dumps({**cfg.to_dict(), "loss": loss}))
+    assert fbands_main(["train", "--resume", "--run-dir", cfg.run_dir]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 4 and all(e.startswith("fbands: error: loss=") for e in errors)
+    assert not marker.exists()
+
+
+def test_resume_accepts_other_spellings_of_the_run_dir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    options = ["--cache-dir", "cache", "--prompts-per-step", "2", "--group-size", "2",
+               "--minibatches", "1", "--warm-start-steps", "5", "--tiny-d-model", "32",
+               "--eval-every", "0", "--no-progress"]
+    assert fbands_main(["train", "--run-dir", "r3", "--steps", "1", *options]) == 0
+    for steps, spelling in ((2, "./r3"), (3, "r3/"), (4, str(tmp_path / "r3"))):
+        argv = ["train", "--resume", "--run-dir", spelling, "--steps", str(steps), "--no-progress"]
+        assert fbands_main(argv) == 0, spelling
+    _, rows = load_run(tmp_path / "r3")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]

@@ -14,7 +14,7 @@ import time
 import typing
 from pathlib import Path
 
-from fbands.rl.config import HELP, ConfigError, TrainConfig
+from fbands.rl.config import HELP, TrainConfig
 
 #: the demo: clip (eps 0.2) against band-kl (delta 0.05) on the tail task
 DEMO_RUNS = (("clip", {"loss": "clip", "eps_low": 0.2, "eps_high": 0.2}),
@@ -93,12 +93,9 @@ def register(subparsers) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from fbands.rl.train import NonFiniteLossError, train
 
-    try:
+    try:  # a ConfigError reaches fbands.cli.main, which prints it on one line (exit 2)
         cfg = _config_from_args(args).validate()
         last = train(cfg, resume=args.resume)
-    except ConfigError as err:
-        print(f"fbands train: bad configuration: {err}", file=sys.stderr)
-        return 2
     except NonFiniteLossError as err:
         print(f"fbands train: {err}", file=sys.stderr)
         return 1

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fbands.errors import ConfigError
+
 TASKS = ("tail", "addition")
 DEVICES = ("auto", "cpu", "cuda")
 TINY_ARCHS = ("llama", "gpt2")
@@ -70,8 +72,13 @@ HELP = {
 }
 
 
-class ConfigError(ValueError):
-    """A training option has a bad value (the message names the option and the value)."""
+def _not_a_folder(path: Path) -> Path | None:
+    """The file that stops ``path`` from being (or becoming) a folder: ``path`` itself or
+    the first of its parents that exists; None when it is a folder or can become one."""
+    for part in (path, *path.parents):
+        if part.exists():
+            return None if part.is_dir() else part
+    return None
 
 
 @dataclass
@@ -165,6 +172,15 @@ class TrainConfig:
         need(self.device in DEVICES, "device", f"must be one of {DEVICES}")
         need(self.tiny_arch in TINY_ARCHS, "tiny_arch", f"must be one of {TINY_ARCHS}")
         need(isinstance(self.run_dir, str) and self.run_dir != "", "run_dir", "must be a path")
+        need(isinstance(self.cache_dir, str), "cache_dir", "must be a path ('' : the default)")
+        from fbands.rl.model import default_cache_dir
+
+        for name, folder in (("run_dir", Path(self.run_dir)),
+                             ("cache_dir", Path(self.cache_dir or default_cache_dir()))):
+            blocker = _not_a_folder(folder.expanduser())
+            need(blocker is None, name, f"must be a folder, but {str(blocker)!r} is a file")
+        need(isinstance(self.extra, dict) and _is_json(self.extra), "extra",
+             "must be a table of JSON values (it is saved in config.json)")
         need(isinstance(self.model, str) and self.model != "", "model", "'tiny' or a directory")
         if self.model != "tiny":
             need(Path(self.model).is_dir(), "model", "is not 'tiny' and not a local directory")
@@ -217,6 +233,9 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         """Build from a mapping; unknown keys are an error (a typo must not pass silently)."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"a config is a table of option names and values, got "
+                              f"{type(data).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
@@ -225,22 +244,38 @@ class TrainConfig:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> TrainConfig:
-        """Read a ``.json`` or ``.toml`` file whose keys are field names."""
+        """Read a ``.json`` or ``.toml`` file whose keys are field names.
+
+        The file is parsed as data (``json`` / ``tomllib``), never run; a missing, unreadable
+        or malformed file raises :class:`ConfigError` naming the file (and the line).
+        """
         path = Path(path)
+        name = str(path)
         if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
-        text = path.read_text()
+            raise ConfigError(f"config file {name!r} does not exist or is not a file")
+        if path.suffix not in (".json", ".toml"):
+            raise ConfigError(f"config file {name!r}: expected a .json or .toml file")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"config file {name!r} cannot be read: {err}") from err
         if path.suffix == ".toml":
             try:
                 import tomllib
             except ImportError as err:  # Python 3.10
-                raise ConfigError(f"config file {str(path)!r}: TOML needs Python >= 3.11; "
+                raise ConfigError(f"config file {name!r}: TOML needs Python >= 3.11; "
                                   "use a .json file") from err
-            data = tomllib.loads(text)
-        elif path.suffix == ".json":
-            data = json.loads(text)
+            try:
+                data = tomllib.loads(text)
+            except tomllib.TOMLDecodeError as err:
+                raise ConfigError(f"config file {name!r} is not valid TOML: {err}") from err
         else:
-            raise ConfigError(f"config file {str(path)!r}: expected a .json or .toml file")
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise ConfigError(f"config file {name!r} is not valid JSON: {err}") from err
+            except RecursionError as err:
+                raise ConfigError(f"config file {name!r}: JSON nested too deeply") from err
         return cls.from_dict(data)
 
     def warm_start_key(self) -> str:
@@ -250,3 +285,12 @@ class TrainConfig:
                 "warm_start_steps", "warm_start_lr", "warm_start_batch")
         blob = json.dumps({k: getattr(self, k) for k in keys} | {"version": 1}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _is_json(value) -> bool:
+    """Can ``value`` be written to config.json (and read back as the same data)?"""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return False
+    return True

@@ -84,8 +84,18 @@ def _save_atomic(obj, path: Path) -> None:
 
 
 def _rng_state(device: torch.device) -> dict:
-    """Global RNG states.  The loop draws from per-step generators; these cover user code."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(),  # noqa: NPY002
+    """Global RNG states.  The loop draws from per-step generators; these cover user code.
+
+    Only tensors and plain Python data, so that the checkpoint loads with
+    ``torch.load(weights_only=True)``: numpy's key becomes an int64 tensor.
+    """
+    np_state = np.random.get_state(legacy=False)  # noqa: NPY002
+    state = {"python": random.getstate(),  # (version, tuple of ints, gauss or None)
+             "numpy": {"bit_generator": np_state["bit_generator"],
+                       "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
+                       "pos": int(np_state["state"]["pos"]),
+                       "has_gauss": int(np_state["has_gauss"]),
+                       "gauss": float(np_state["gauss"])},
              "torch": torch.get_rng_state()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
@@ -93,11 +103,55 @@ def _rng_state(device: torch.device) -> dict:
 
 
 def _set_rng_state(state: dict, device: torch.device) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])  # noqa: NPY002
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    np_state = state["numpy"]
+    np.random.set_state({"bit_generator": np_state["bit_generator"],  # noqa: NPY002
+                         "state": {"key": np_state["key"].numpy().astype(np.uint32),
+                                   "pos": np_state["pos"]},
+                         "has_gauss": np_state["has_gauss"], "gauss": np_state["gauss"]})
     torch.set_rng_state(state["torch"])
     if "cuda" in state and device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda"], device)
+
+
+#: what a checkpoint holds, and the type of each entry
+_CHECKPOINT_ENTRIES = {"model": dict, "optimizer": dict, "rng": dict, "step": int,
+                       "config": dict}
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict:
+    """Read a checkpoint written by :func:`train`, safely.
+
+    ``torch.load(weights_only=True)`` rebuilds only tensors and plain data: a file that
+    asks to run code is refused, never executed.  A file that cannot be read (empty,
+    truncated, corrupt, not a checkpoint) or lacks an entry raises :class:`ConfigError`.
+    """
+    path = Path(path)
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # whatever the reason, the file is not a usable checkpoint
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise ConfigError(f"checkpoint {str(path)!r} cannot be read ({reason}); it is empty, "
+                          "truncated, corrupt or not an fbands checkpoint: restore a good "
+                          "copy, or start a new run in another run_dir") from err
+    if not isinstance(saved, dict):
+        raise ConfigError(f"checkpoint {str(path)!r} holds a {type(saved).__name__}, not an "
+                          "fbands checkpoint")
+    for key, kind in _CHECKPOINT_ENTRIES.items():
+        if not isinstance(saved.get(key), kind) or isinstance(saved.get(key), bool):
+            raise ConfigError(f"checkpoint {str(path)!r} has no valid {key!r} entry (got "
+                              f"{type(saved.get(key)).__name__}); it is not a complete "
+                              "fbands checkpoint")
+    return saved
+
+
+def _saved_step(path: Path) -> int | None:
+    """The step of the checkpoint at ``path``; None when there is none or it is unreadable."""
+    try:
+        return load_checkpoint(path)["step"] if path.exists() else None
+    except ConfigError:
+        return None
 
 
 def _logged_step(line: str) -> float:
@@ -109,7 +163,9 @@ def _logged_step(line: str) -> float:
 
 
 #: fields that may differ between a run and its resumption
-_RESUMABLE_CHANGES = {"steps", "progress", "checkpoint_every", "threads", "device", "cache_dir"}
+#: (run_dir too: the checkpoint was found there, so ./r3, r3/ and /abs/r3 all name the run)
+_RESUMABLE_CHANGES = {"steps", "progress", "checkpoint_every", "threads", "device", "cache_dir",
+                      "run_dir"}
 
 
 @torch.no_grad()
@@ -148,8 +204,9 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
     Raises
     ------
     ConfigError
-        a bad option, a run folder that already holds a run (without ``resume``), or a
-        resumed run whose options differ from the saved ones
+        a bad option, a run folder that already holds a run (without ``resume``), a
+        resumed run whose options differ from the saved ones, or a checkpoint that cannot
+        be read safely (:func:`load_checkpoint`)
     NonFiniteLossError
         the loss or the gradient norm was NaN or infinite; ``checkpoint.pt`` still holds the
         last good step
@@ -166,9 +223,9 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
                           "continue it or choose another run_dir")
     saved = None
     if resume:  # read and check the checkpoint before the expensive set-up
-        saved = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        saved = load_checkpoint(ckpt_path)
         changed = sorted(k for k, v in saved["config"].items()
-                         if k not in _RESUMABLE_CHANGES and getattr(cfg, k) != v)
+                         if k not in _RESUMABLE_CHANGES and getattr(cfg, k, v) != v)
         if changed:
             raise ConfigError(f"resume: options {changed} differ from the saved run "
                               f"{[saved['config'][k] for k in changed]}")
@@ -176,7 +233,10 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
     autocast = _autocast(cfg, device)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"run_dir={cfg.run_dir!r} cannot be created: {err}") from err
 
     # 1. task, policy (warm-started), frozen reference, optimizer ---------------------------
     task = make_task(cfg)
@@ -189,9 +249,14 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
                                 cfg.eval_prompts)
     G, start_step = cfg.group_size, 0
     if saved is not None:
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        _set_rng_state(saved["rng"], device)
+        try:
+            model.load_state_dict(saved["model"])
+            optimizer.load_state_dict(saved["optimizer"])
+            _set_rng_state(saved["rng"], device)
+        except (RuntimeError, ValueError, KeyError, TypeError) as err:
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            raise ConfigError(f"checkpoint {str(ckpt_path)!r} does not fit this run's model "
+                              f"and optimizer ({reason})") from err
         start_step = saved["step"]
         lines = metrics_path.read_text().splitlines() if metrics_path.exists() else []
         kept = [ln for ln in lines if _logged_step(ln) <= start_step]
@@ -287,8 +352,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
         means = dict(zip(keys, stacked.mean(dim=0).tolist(), strict=True))  # (updates, keys)
         if not all(math.isfinite(means[k]) for k in ("loss/total", "grad_norm")):
             bar.close()
-            good = torch.load(ckpt_path, map_location="cpu", weights_only=False)["step"] \
-                if ckpt_path.exists() else None
+            good = _saved_step(ckpt_path)
             raise NonFiniteLossError(
                 f"step {step + 1}: non-finite loss {means['loss/total']} or gradient norm "
                 f"{means['grad_norm']}; stopping. The last good checkpoint "
