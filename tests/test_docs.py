@@ -66,12 +66,18 @@ def test_symbolic_rstar_agrees_with_the_band_at_p_one():
 
 def test_theory_figures_are_written(tmp_path):
     paths = fbands_docs.write_theory_figures(tmp_path)
-    assert [p.name for p in paths] == ["g_function.png", "related_methods.png"]
+    assert [p.name for p in paths] == [
+        "g_function.png", "related_methods.png", "gain.png", "two_point.png", "saturation.png",
+        "rstar.png",
+    ]
+    pages = "".join(
+        (DOCS / page).read_text()
+        for page in ("index.md", "theory/band.md", "theory/related.md", "theory/limits.md",
+                     "theory/closed_forms.md")
+    )
     for path in paths:
         assert path.is_file() and path.stat().st_size > 1000
-        assert f"/_generated/theory/{path.name}" in "".join(
-            (DOCS / "theory" / page).read_text() for page in ("band.md", "related.md")
-        )
+        assert f"/_generated/theory/{path.name}" in pages, f"{path.name} is shown nowhere"
 
 
 def test_docstring_examples_get_their_module_namespace():

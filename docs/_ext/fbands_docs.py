@@ -47,6 +47,12 @@ API_PACKAGES = ("fbands.rl", "fbands.integrations")
 #: Members of parametrised families shown in the catalogue.
 FAMILY_MEMBERS = {"alpha": ({"a": -1}, {"a": 0.5}, {"a": 2}, {"a": 3})}
 
+#: Divergences of the front page's figure (allowed gain against p), of the saturation map and
+#: of the r* plot.
+GAIN_DIVS = ("kl", "tv", "chi2", "hellinger", "reverse_kl")
+SATURATION_DIVS = ("tv", "chi2", "hellinger", "reverse_kl")
+RSTAR_DIVS = ("kl", "reverse_kl", "tv", "chi2", "neyman_chi2", "hellinger", "js")
+
 #: Radii drawn in the band plots and used for the r* column.
 PLOT_DELTAS = (0.01, 0.05, 0.2)
 RSTAR_DELTAS = (0.05, 0.2)
@@ -513,6 +519,14 @@ def write_theory_figures(outdir: Path = GENERATED) -> list[Path]:
     paths.append(figdir / "related_methods.png")
     fig.savefig(paths[-1])
     plt.close(fig)
+
+    # The figures drawn by fbands.plotting (the front page's, and those of band.md/limits.md).
+    from fbands import plotting
+
+    paths.append(plotting.plot_gain(GAIN_DIVS, 0.05, figdir / "gain.png"))
+    paths.append(plotting.plot_two_point(figdir / "two_point.png"))
+    paths.append(plotting.plot_saturation_map(SATURATION_DIVS, figdir / "saturation.png"))
+    paths.append(plotting.plot_rstar(RSTAR_DIVS, figdir / "rstar.png"))
     return paths
 
 
