@@ -32,6 +32,7 @@ def catalogue(tmp_path_factory):
     return out, page.read_text(encoding="utf-8")
 
 
+@pytest.mark.slow  # the catalogue: a page and a plot per divergence
 def test_catalogue_covers_the_whole_registry(catalogue):
     out, text = catalogue
     for name, div, members in fbands_docs.catalogue_entries():
@@ -46,6 +47,7 @@ def test_catalogue_covers_the_whole_registry(catalogue):
     assert len(fbands_docs.catalogue_entries()) == len(fbands.available())
 
 
+@pytest.mark.slow  # the catalogue: a page and a plot per divergence
 def test_catalogue_shows_the_symbolic_limits(catalogue):
     _, text = catalogue
     kl = text.split("(catalogue-kl)=")[1].split("(catalogue-")[0]
