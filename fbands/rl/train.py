@@ -33,10 +33,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fbands.losses import Band, agg_loss, policy_loss, precompute_band
+from fbands.losses import TAIL_PROB, Band, agg_loss, policy_loss, precompute_band
 from fbands.rl.config import ConfigError, TrainConfig
+from fbands.rl.diagnostics import clip_split_metrics, tail_clip_counts
 from fbands.rl.model import load_policy, pad_batch, token_logprobs, warm_start
-from fbands.rl.rollout import greedy_accuracy, sample
+from fbands.rl.rollout import answer_start_columns, greedy_accuracy, sample
 from fbands.rl.tasks import make_task
 
 CHECKPOINT = "checkpoint.pt"
@@ -240,13 +241,13 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
 
     # 1. task, policy (warm-started), frozen reference, optimizer ---------------------------
     task = make_task(cfg)
-    model, codec = load_policy(cfg, task)
+    model, codec = load_policy(cfg, task, log=log)
     model.to(device)
     log(warm_start(model, codec, task, cfg, device, log=log))
     reference = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
     eval_prompts = task.prompts(np.random.default_rng([cfg.warm_start_seed, 99]),
-                                cfg.eval_prompts)
+                                cfg.eval_prompts, split="eval")
     G, start_step = cfg.group_size, 0
     if saved is not None:
         try:
@@ -319,6 +320,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
         # 5. PPO epochs over shuffled minibatches -----------------------------------------
         model.train()
         per_update: list[dict[str, torch.Tensor]] = []
+        clip_counts = torch.zeros(4, device=device)  # clipped / all, tail (p < 0.1) / rest
         for _epoch in range(cfg.ppo_epochs):
             order = torch.randperm(ids.shape[0], generator=generator, device=device)
             for mb in order.chunk(cfg.minibatches):
@@ -329,6 +331,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
                 mb_band = Band(band.log_lower[mb], band.log_upper[mb])
                 pg_loss, loss_metrics = policy_loss(logp_old[mb], logp, advantages[mb],
                                                     mask[mb], loss_cfg, mb_band)
+                clip_counts += tail_clip_counts(logp_old[mb], logp, advantages[mb], mask[mb],
+                                                mb_band)
                 loss = pg_loss
                 if cfg.ent_coef > 0:
                     loss = loss - cfg.ent_coef * agg_loss(ent, mask[mb], loss_cfg.agg)
@@ -367,7 +371,15 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
                "tokens_per_s": n_tokens / (t_end - t_start),
                "time/rollout_s": t_rollout - t_start,
                "time/update_s": t_end - t_rollout,
-               "time/band_share": t_band / (t_end - t_start)}
+               "time/band_share": t_band / (t_end - t_start),
+               **clip_split_metrics(clip_counts)}
+        rows, cols = answer_start_columns(codec, task, [prompts[i // G] for i in range(len(
+            batch.completions))], batch, rewards.tolist())
+        if rows:  # old probability of the token where each rewarded answer starts
+            p_start = logp_old[rows, cols].exp()
+            row["answer/start_p"] = float(p_start.mean())
+            row["answer/start_tail_share"] = float((p_start < TAIL_PROB).float().mean())
+            row["answer/rewarded"] = len(rows)
         if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
             model.eval()
             row["accuracy"] = greedy_accuracy(model, codec, task, eval_prompts,

