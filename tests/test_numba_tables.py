@@ -147,6 +147,7 @@ def test_closed_pass_next_to_the_lower_edges_saturation(div):
                 ulps = np.abs(g.view(np.int32).astype(np.int64) - w32.view(np.int32))
                 assert int(np.max(np.where(g == w32, 0, ulps))) <= 1, div
 
+@pytest.mark.slow  # six table pairs
 def test_every_row_code_is_valid_and_the_exact_share_is_small():
     for div in ("kl", "tv", "js"):
         for layout in numba_backend.LAYOUTS:
@@ -178,7 +179,7 @@ def test_tables_are_cached_per_divergence_delta_and_layout():
     assert numba_backend.tables(d, 0.06, "float32") is not a
 
 
-@pytest.mark.parametrize("div", ["kl", "js", "triangular"])
+@pytest.mark.parametrize("div", registry(["kl", "js", "triangular"]))
 def test_torch_reads_the_same_tables(div, monkeypatch):
     """torch's evaluation of a table (the path of validated calls on a GPU, here on CPU
     tensors kept off numba) against numba's pass and against torch's own Newton solver.
