@@ -26,9 +26,12 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 import fbands_docs  # noqa: E402
 
-# The version of the checkout (pyproject.toml), without needing tomllib (Python >= 3.11).
+# The version of the checkout: fbands/__init__.py's __version__ (pyproject.toml reads it from
+# there too), found without importing the package.
 _version = re.search(
-    r'^version\s*=\s*"([^"]+)"', (ROOT / "pyproject.toml").read_text(encoding="utf-8"), re.M
+    r'^__version__\s*=\s*"([^"]+)"',
+    (ROOT / "fbands" / "__init__.py").read_text(encoding="utf-8"),
+    re.M,
 )
 
 project = "fbands"

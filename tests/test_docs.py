@@ -283,3 +283,142 @@ def test_ppo_clip_is_the_tv_band_of_radius_eps_p():
     lo, hi = fbands.bounds(p, 0.2 * p, "tv")
     np.testing.assert_allclose(lo, 0.8, rtol=1e-12)
     np.testing.assert_allclose(hi, 1.2, rtol=1e-12)
+
+
+# ----------------------------------------------------------------------------- issue 17's fixes
+# Each number below is printed on a page; it is checked here against the independent 60-digit
+# bisection of tests/reference.py (or a closed form), not against fbands' own output.
+
+
+def _ref_edges(name, p, delta):
+    from tests import reference
+
+    lo, hi = reference.edges(reference.TABLE[name], p, delta)
+    return float(lo), float(hi)
+
+
+@pytest.mark.parametrize(("a", "p", "saturated"), [(3, 0.9, True), (2, 0.3, False),
+                                                   (1.5, 0.95, True), (0.5, 0.9, False)])
+def test_alpha_upper_saturation_test_with_the_sign_of_a_1_minus_a(a, p, saturated):
+    """closed_forms.md: the upper edge saturates iff (1 - p^(1-a)) / (a (1 - a)) <= delta."""
+    delta = 0.05
+    rule = (1 - p ** (1 - a)) / (a * (1 - a)) <= delta
+    assert rule == saturated
+    mp_a = {3: "alpha(a=3)", 2: None, 1.5: "alpha(a=3/2)", 0.5: "alpha(a=0.5)"}[a]
+    if mp_a is not None:
+        _, hi_ref = _ref_edges(mp_a, p, delta)
+        assert (hi_ref >= 1 / p * (1 - 1e-15)) == saturated
+    _, hi = fbands.bounds(p, delta, fbands.get("alpha", a=a).name)
+    assert (hi == pytest.approx(1 / p, rel=1e-14)) == saturated
+
+
+def test_alpha2_at_p_03_is_the_chi2_edge_at_twice_the_radius():
+    """closed_forms.md: a = 2, p = 0.3 is not saturated; its upper edge is 1.4830."""
+    exact = 1 + math.sqrt(2 * 0.05 * 0.7 / 0.3)
+    assert f"{exact:.4f}" == "1.4830"
+    _, hi = fbands.bounds(0.3, 0.05, fbands.get("alpha", a=2).name)
+    assert hi == pytest.approx(exact, rel=1e-13)
+
+
+def test_kl_band_asymmetry():
+    """limits.md: in log r the upper side is narrower for every p; in r wider for p < 1/2."""
+    for p in (0.02, 0.1, 0.5, 0.9, 0.99):
+        lo, hi = _ref_edges("kl", p, 0.05)
+        assert math.log(hi) < -math.log(lo)
+        if p < 0.5:
+            assert hi - 1 > 1 - lo
+        elif p > 0.5:
+            assert hi - 1 < 1 - lo
+        else:
+            assert hi - 1 == pytest.approx(1 - lo, rel=1e-12)
+    lo, hi = _ref_edges("kl", 0.5, 0.05)
+    assert (round(math.log(hi), 3), round(math.log(lo), 3)) == (0.269, -0.369)
+    # the cubic coefficient of G(s) for kl, p (1 + p) / (6 (1 - p)^2), by sympy
+    s, p = sp.symbols("s p", positive=True)
+    G = -p * s - (1 - p) * sp.log((1 - p * sp.exp(s)) / (1 - p))
+    c3 = sp.series(G, s, 0, 4).removeO().coeff(s, 3)
+    assert sp.simplify(c3 - p * (1 + p) / (6 * (1 - p) ** 2)) == 0
+
+
+def test_kl_rare_token_mass_approaches_its_limit_slowly():
+    """limits.md: p r_hi is 0.0781, 0.0535, 0.0495 at p = 1e-2, 1e-3, 1e-4 (limit 0.0488)."""
+    for p, printed in ((1e-2, 0.0781), (1e-3, 0.0535), (1e-4, 0.0495)):
+        _, hi = _ref_edges("kl", p, 0.05)
+        assert round(p * hi, 4) == printed
+
+
+def test_reverse_kl_upper_edge_via_lambert_w():
+    """limits.md: r_hi ~ X / W(X / e), X = delta/p - 1: 22.96 vs 22.89 at p = 1e-3."""
+    import mpmath as mp
+
+    for p, approx, exact in ((1e-3, 22.96, 22.89), (1e-4, 129.2, 129.05)):
+        x = 0.05 / p - 1
+        assert round(float(x / mp.lambertw(x / mp.e).real), 2 if p == 1e-3 else 1) == approx
+        _, hi = _ref_edges("reverse_kl", p, 0.05)
+        assert round(hi, 2) == exact
+    _, hi = _ref_edges("reverse_kl", 1e-3, 0.05)
+    assert hi / (0.05 / (1e-3 * math.log(1e3))) == pytest.approx(3.16, abs=0.01)
+
+
+def test_kl_band_meets_ppo_at_0671_and_0751():
+    """limits.md and own_loss.md: r_hi = 1.2 at p = 0.671, r_lo = 0.8 at p = 0.751."""
+    hi_a = _ref_edges("kl", 0.6705, 0.05)[1]
+    hi_b = _ref_edges("kl", 0.6710, 0.05)[1]
+    assert hi_a > 1.2 > hi_b
+    lo_a, _ = _ref_edges("kl", 0.7505, 0.05)
+    lo_b, _ = _ref_edges("kl", 0.7510, 0.05)
+    assert lo_a < 0.8 < lo_b
+
+
+def test_dcpo_bound_unreachable_exactly_where_ppo_is():
+    """related.md: u(p) > 1/p iff p > 1/(1 + eps_high), the set where 1 + eps > 1/p."""
+    eps = 0.2
+    for p in np.linspace(0.5, 0.999, 400):
+        u = 0.5 + 0.5 * math.sqrt(1 + 4 * eps / p)
+        assert (u > 1 / p) == (1 + eps > 1 / p) == (p > 1 / (1 + eps))
+
+
+def test_float32_overflow_threshold_of_the_kl_upper_edge():
+    """limits.md: r_hi ~ (1 - e^-delta)/p overflows float32 below p ~ 1.4e-40."""
+    fmax = float(np.finfo(np.float32).max)
+    assert (1 - math.exp(-0.05)) / fmax == pytest.approx(1.433e-40, rel=1e-3)
+    _, hi = fbands.bounds(np.float32(1e-39), 0.05, "kl")
+    assert np.isfinite(hi)
+    assert math.sqrt(0.05 / float(np.finfo(np.float32).smallest_subnormal)) < 6e21
+
+
+def test_amari_and_cressie_read_parameterisation():
+    """divergences.md: D_alpha(a) = Amari with a = (1 - alpha)/2 = CR(lambda = a - 1) / 2."""
+    rng = np.random.default_rng(5)
+    pi, q = rng.dirichlet(np.ones(6)), rng.dirichlet(np.ones(6))
+    for a in (0.3, 2.0, -1.0):
+        d = np.sum(q * ((pi / q) ** a - 1 - a * (pi / q - 1))) / (a * (a - 1))
+        alpha = 1 - 2 * a
+        amari = 4 / (1 - alpha**2) * (1 - np.sum(pi ** ((1 - alpha) / 2) * q ** ((1 + alpha) / 2)))
+        lam = a - 1
+        cr = 2 / (lam * (lam + 1)) * np.sum(pi * ((pi / q) ** lam - 1))
+        assert d == pytest.approx(amari, rel=1e-12)
+        assert d == pytest.approx(cr / 2, rel=1e-12)
+
+
+def test_front_page_lower_edge_at_p_0001():
+    """index.md: the kl lower edge at p = 0.001 is 7.099e-23, positive."""
+    lo, _ = _ref_edges("kl", 1e-3, 0.05)
+    assert f"{lo:.4g}" == "7.099e-23"
+
+
+REFERENCED = ("ppo", "grpo", "dapo", "dual-clip", "trgppo", "cispo", "gppo", "dcpo", "dppo",
+              "trpo", "bandpo")
+
+
+def test_every_method_has_a_reference_and_the_pages_link_them():
+    refs = (DOCS / "references.md").read_text()
+    for label in REFERENCED:
+        assert f"(ref-{label})=" in refs, label
+    for arxiv in ("2509.02333", "2602.04879", "2603.04918"):
+        assert f"arXiv:{arxiv}" in refs
+    related = (DOCS / "theory" / "related.md").read_text()
+    for label in ("ppo", "dapo", "dual-clip", "trgppo", "cispo", "gppo", "dcpo", "dppo", "bandpo"):
+        assert f"(ref-{label})" in related.replace(f"(ref-{label})=", ""), label
+    front = (DOCS / "index.md").read_text()
+    assert "PPO lets a token gain at most" in front and "/_generated/theory/gain.png" in front

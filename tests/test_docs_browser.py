@@ -5,8 +5,9 @@ uses; or taken from ``$FBANDS_DOCS_HTML`` when that names a built tree), then on
 Chromium opens a small harness page next to them that loads every page in turn in an iframe,
 lets its scripts run (MathJax typesets the formulas), and records for each page:
 
-* the text still showing a TeX delimiter ``\\(``, ``\\)``, ``\\[``, ``\\]`` or ``$$`` outside
-  code blocks (a formula the renderer did not typeset, e.g. because it could not be loaded);
+* the text still showing a TeX delimiter ``\\(``, ``\\)``, ``\\[``, ``\\]`` or ``$$``, or a TeX
+  command such as ``\\frac``, outside code blocks (a formula the renderer did not typeset,
+  e.g. because it could not be loaded, or one broken in the source);
 * the images that did not load;
 * whether the page asked for any script or stylesheet over http(s) (the docs must work offline).
 
@@ -41,6 +42,12 @@ const pages = %(pages)s;
 const results = {};
 const frame = document.getElementById("f");
 const DELIMS = ["\\(", "\\)", "\\[", "\\]", "$$"];
+// A TeX command left in the visible text: a formula that was not typeset (or a broken one).
+const TEX = new RegExp("\\\\(" + [
+  "frac", "tfrac", "dfrac", "lvert", "rvert", "log", "delta", "epsilon", "varepsilon", "pi",
+  "mathrm", "text", "sqrt", "le", "ge", "infty", "bar", "ast", "cdot", "big", "Big", "left",
+  "right", "hat", "mathcal",
+].join("|") + ")(?![A-Za-z])");
 function sleep(ms) { return new Promise(r => setTimeout(r, ms)); }
 function loaded() { return new Promise(r => { frame.onload = () => r(); }); }
 async function check(page) {
@@ -66,6 +73,8 @@ async function check(page) {
     let i = text.indexOf(d);
     if (i >= 0) raw.push(text.slice(Math.max(0, i - 40), i + 40).replace(/\s+/g, " "));
   }
+  const m = TEX.exec(text);
+  if (m) raw.push(text.slice(Math.max(0, m.index - 40), m.index + 40).replace(/\s+/g, " "));
   const badImages = [];
   for (const img of doc.images) {
     if (!img.complete || img.naturalWidth === 0) badImages.push(img.getAttribute("src"));
