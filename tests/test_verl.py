@@ -345,6 +345,7 @@ def _registered_in_fresh_process(env_extra: dict[str, str], extra_path: str = ""
     return out.stdout.split()[-2:]
 
 
+@pytest.mark.slow  # a fresh interpreter imports verl
 def test_entry_point_registers_on_import_verl(tmp_path):
     """verl loads every ``verl.plugins`` entry point on import; ours names the module.
 
@@ -362,6 +363,7 @@ def test_entry_point_registers_on_import_verl(tmp_path):
     assert _registered_in_fresh_process(env, str(tmp_path)) == ["True", "True"]
 
 
+@pytest.mark.slow  # a fresh interpreter imports verl
 def test_environment_variable_registers_on_import_verl():
     env = {
         "VERL_USE_EXTERNAL_PLUGINS": "none",
