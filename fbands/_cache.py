@@ -1,23 +1,28 @@
 """The on-disk cache's rules for data files: a private directory, verified JSON, atomic writes.
 
 Root: ``FBANDS_CACHE_DIR``, else ``~/.cache/fbands``.  A subdirectory is used only if it is a
-real directory (not a link) owned by this user with no access for others (it is created with
-mode 0700, and tightened to it when found looser); otherwise :func:`private_dir` returns None
-and the caller computes instead of caching.  A file holds ``{"key", "sha256", "data"}``: it is
-read only when its key is the one asked for and the hash of its data matches, so a damaged,
-truncated or misplaced file is ignored, never trusted.  Nothing is pickled.
+real directory (not a link) owned by this user that no one else can write (it is created with
+mode 0700, and tightened to it when others can only read it), under directories that no
+other user can write; otherwise :func:`private_dir` returns None and the caller computes
+instead of caching (or, for files that must exist, uses :func:`process_dir`).  A file holds
+``{"key", "sha256", "data"}``: it is read only when its key is the one asked for and the hash
+of its data matches, so a damaged, truncated or misplaced file is ignored, never trusted.
+Nothing is pickled.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
+import shutil
 import stat
 import tempfile
+import threading
 from pathlib import Path
 
-__all__ = ["root", "private_dir", "read_json", "write_json"]
+__all__ = ["root", "private_dir", "process_dir", "read_json", "write_json"]
 
 #: Files larger than this are not read (a cache entry is a few kB).
 MAX_BYTES = 1 << 24
@@ -37,13 +42,43 @@ def private_dir(name: str) -> Path | None:
         st = os.lstat(path)
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
             return None
+        if st.st_mode & 0o022:  # others could have written there: nothing in it is trusted
+            return None
         if st.st_mode & 0o077:
             os.chmod(path, 0o700)
-        if not os.access(path, os.W_OK | os.X_OK):
+        if not os.access(path, os.W_OK | os.X_OK) or not _parents_safe(path):
             return None
     except OSError:
         return None
     return path
+
+
+def _parents_safe(path: Path) -> bool:
+    """Whether no other user can replace ``path`` through a directory above it: each is
+    owned by this user or root, and writable by others only with the sticky bit (``/tmp``)."""
+    for parent in path.absolute().parents:
+        st = os.stat(parent)
+        if st.st_uid not in (os.getuid(), 0):
+            return False
+        if st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
+            return False
+    return True
+
+
+_PROCESS_DIR: Path | None = None
+_PROCESS_LOCK = threading.Lock()
+
+
+def process_dir() -> Path:
+    """A private directory (:func:`tempfile.mkdtemp`: unique name, mode 0700) for this
+    process alone, removed at exit: where files that must exist go when :func:`private_dir`
+    refuses (nothing in it is reused by another process)."""
+    global _PROCESS_DIR
+    with _PROCESS_LOCK:
+        if _PROCESS_DIR is None:
+            _PROCESS_DIR = Path(tempfile.mkdtemp(prefix="fbands-"))
+            atexit.register(shutil.rmtree, _PROCESS_DIR, ignore_errors=True)
+        return _PROCESS_DIR
 
 
 def _digest(data) -> str:

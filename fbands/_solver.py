@@ -308,6 +308,10 @@ def polish(fun: BandFunction, s, lo, hi):
     return xp.where(ok, cand, s)
 
 
+#: Above ``FAR_ABOVE * delta`` a Newton step is taken on ``log g`` instead of ``g``.
+FAR_ABOVE = 2.0
+
+
 def _initial_guess(fun: BandFunction, curvature: float, edge: str):
     """The small-delta (chi-square shaped) band, ``1 -+ sqrt(2 delta q / (f''(1) p))``."""
     xp, x = fun.xp, fun.x
@@ -341,6 +345,10 @@ def newton_edge(fun: BandFunction, edge: str, s0, lo, hi, *, max_iter: int = 200
         hi = xp.where(above & ~done, s, hi)
         lo = xp.where(~above & ~done, s, lo)
         step = r / slope
+        # Far above delta, Newton on log g: exact for an exponential g (a steep generator,
+        # u**100), where plain Newton crawls by 1/k a step; its overshoot falls to bisection.
+        far_above = g > FAR_ABOVE * x.delta
+        step = xp.where(far_above, xp.log(xp.where(far_above, g, 1.0) / x.delta) * g, r) / slope
         cand = s - step
         inside = (cand > lo) & (cand < hi)  # False for nan
         # Bisection: arithmetic, geometric across orders of magnitude, doubling while the
@@ -357,6 +365,8 @@ def newton_edge(fun: BandFunction, edge: str, s0, lo, hi, *, max_iter: int = 200
         done = done | converged
         if fixed_iter is None and bool(done.all()):
             break
+    if fixed_iter is None:
+        s = xp.where(done, s, math.nan)  # never an unconverged iterate as an edge
     return s
 
 

@@ -43,6 +43,7 @@ LN2 = math.log(2.0)
 F0 = float("{f0!r}")        # f(0+)
 CURV = float("{curv!r}")      # f''(1) used by the initial guess (1 when infinite or nan)
 NEAR = {near!r}             # |s| below which the near form of F is used
+FAR_ABOVE = {far_above!r}        # above FAR_ABOVE * delta, Newton steps on log g (_solver)
 # f'(inf) infinite: the lower edge tends to 1 as p -> 1, but only like 1 / log(1 / (1 - p)),
 # so the table's last cell cannot stand in for p closer to 1 than e^y_min.
 SLOW_AT_ONE = {slow_at_one!r}
@@ -149,7 +150,7 @@ def newton_edge(sgn, s, lo, hi, lp, lq, p, q, poq, delta):
             hi = s
         else:
             lo = s
-        step = r / slope
+        step = (log(g / delta) * g if g > FAR_ABOVE * delta else r) / slope
         cand = s - step
         inside = cand > lo and cand < hi
         mid = 0.5 * (lo + hi) if math.isfinite(lo) else hi - fmax(abs(hi), 1.0)
@@ -161,8 +162,8 @@ def newton_edge(sgn, s, lo, hi, lp, lq, p, q, poq, delta):
         else:
             s = mid
         if converged:
-            break
-    return s
+            return s
+    return NAN
 
 
 @njit(**OPTS)

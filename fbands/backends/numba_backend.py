@@ -41,7 +41,9 @@ tally per block of :data:`BLOCK` elements, so that finding those few elements af
 reads only the blocks that hold one.
 
 Environment: ``FBANDS_CACHE_DIR`` (default ``~/.cache/fbands``) holds the generated modules
-and numba's cache next to them.
+and numba's cache next to them, in a directory only this user can write
+(:mod:`fbands._cache`); a generated module is imported only when its text is the one this
+process generated.
 """
 
 from __future__ import annotations
@@ -51,7 +53,6 @@ import importlib.util
 import math
 import os
 import sys
-import tempfile
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -60,7 +61,7 @@ import numba  # (the import error tells bands.py that this backend is unusable)
 import numba.extending
 import numpy as np
 
-from fbands import _solver, symbolic
+from fbands import _cache, _solver, symbolic
 from fbands._solver import LP_CLOSED
 from fbands.backends import _numba_template as template
 from fbands.backends import numpy_backend
@@ -129,19 +130,13 @@ def _is_float64(a):
 
 
 def cache_dir() -> Path:
-    """Where generated modules (and numba's cache files beside them) live."""
-    root = os.environ.get("FBANDS_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "fbands"
-    )
-    path = Path(root) / "numba"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".probe{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError:
-        path = Path(tempfile.gettempdir()) / "fbands-numba"
-        path.mkdir(parents=True, exist_ok=True)
+    """Where generated modules (and numba's cache files beside them) live: ``numba`` in the
+    private cache directory (:mod:`fbands._cache`), or in a directory of this process alone
+    when that is not safe to use (numba loads its cache files with pickle)."""
+    path = _cache.private_dir("numba")
+    if path is None:
+        path = _cache.process_dir() / "numba"
+        path.mkdir(mode=0o700, exist_ok=True)
     return path
 
 
@@ -151,6 +146,7 @@ def module_source(div) -> str:
     curv = div.curvature
     curv = curv if math.isfinite(curv) and curv > 0 else 1.0
     parts = [template.HEADER.format(name=div.name, f0=div.f0, curv=curv, near=symbolic.NEAR,
+                                    far_above=_solver.FAR_ABOVE,
                                     slow_at_one=math.isinf(div.fprime_inf))]
 
     def fn(key: str, name: str, inline: bool = False) -> str:
@@ -212,10 +208,12 @@ def kernels(div):
         if key in _MODULES:
             return _MODULES[key]
         source = module_source(div)
-        digest = hashlib.sha1(source.encode()).hexdigest()[:16]
+        digest = hashlib.sha256(source.encode()).hexdigest()[:32]
         safe = "".join(c if c.isalnum() else "_" for c in div.name)
         path = cache_dir() / f"fbands_{safe}_{digest}.py"
-        if not path.exists():  # never rewrite: numba's cache is keyed by the file's stamp
+        # Import only what this process generated: a file whose text differs (damaged, or
+        # not ours) is replaced.  An equal one is kept: numba's cache is keyed by its stamp.
+        if not _holds(path, source):
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(source)
             os.replace(tmp, path)
@@ -226,6 +224,16 @@ def kernels(div):
         spec.loader.exec_module(mod)
         _MODULES[key] = mod
         return mod
+
+
+def _holds(path: Path, text: str) -> bool:
+    """Whether ``path`` is a regular file (not a link) whose content is exactly ``text``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read(len(text.encode()) + 1) == text.encode()
 
 
 # ----------------------------------------------------------------------------- tables
