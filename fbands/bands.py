@@ -159,9 +159,38 @@ def bounds(
 def _dispatch(method, p, delta, div, backend, logp, invalid, check):
     if invalid not in _INVALID:
         raise BandError(f"invalid must be one of {_INVALID}, got {invalid!r}")
+    for name, value in (("p", p), ("delta", delta)):
+        _check_kind(name, value, check)
     d = get(div)
     module = _backend_module(backend, p)
     return getattr(module, method)(d, p, delta, logp=logp, invalid=invalid, check=check)
+
+
+def _check_kind(name: str, value: Any, check: bool) -> None:
+    """Refuse what no backend can read as real numbers: bools (``True`` is not a radius),
+    strings, objects, sparse tensors, and (when values are to be checked) meta tensors,
+    which have none."""
+    if _is_tensor(value):
+        torch = sys.modules["torch"]
+        if value.dtype == torch.bool or value.is_complex():
+            raise BandError(f"{name} must hold real numbers, got dtype {value.dtype}")
+        if value.layout != torch.strided:
+            raise BandError(f"{name} is a {value.layout} tensor; pass {name}.to_dense()")
+        if check and value.is_meta:
+            raise BandError(f"{name} is a meta tensor: it has no values to check; pass "
+                            "check=False to get edges of its shape on the meta device")
+        return
+    if isinstance(value, bool):
+        raise BandError(f"{name} must be a float or an array of floats, not bool")
+    if isinstance(value, (int, float)):
+        return
+    try:
+        kind = np.asarray(value).dtype.kind
+    except (TypeError, ValueError) as err:  # ragged nesting, for one
+        raise BandError(f"{name} must be a float or an array of floats: {err}") from None
+    if kind not in "iuf":
+        what = "bool" if kind == "b" else f"{type(value).__name__} {value!r:.60}"
+        raise BandError(f"{name} must be a float or an array of floats, not {what}")
 
 
 # ----------------------------------------------------------------------------- numpy side
@@ -173,9 +202,7 @@ class NumpyInputs:
     def __init__(self, p: Any, delta: Any, *, logp: bool, invalid: str, check: bool):
         self.scalar = isinstance(p, (int, float)) and not isinstance(p, bool)
         self.logp = logp
-        if isinstance(p, bool) or (isinstance(p, np.ndarray) and p.dtype == bool):
-            raise BandError("p must be a float or an array of floats, not bool")
-        arr = np.asarray(p)
+        arr = np.asarray(p)  # (bools were refused by _check_kind)
         if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
             raise BandError(f"p must be real numbers, got dtype {arr.dtype}")
         self.dtype = arr.dtype if np.issubdtype(arr.dtype, np.floating) else np.dtype(np.float64)
@@ -191,6 +218,7 @@ class NumpyInputs:
                 f"delta of shape {d.shape} does not broadcast against p of shape {x.shape}"
             ) from err
         self.shape = x.shape
+        self.scalar = self.scalar and x.ndim == 0  # a float p with an array delta: arrays
         bad_p, bad_d = invalid_masks(x, d, logp, np.isnan, np.isinf)
         self.bad = bad_p | bad_d
         if check and invalid == "raise":

@@ -25,6 +25,7 @@ alpha         ``(u**a - 1 - a (u - 1)) / (a (a - 1))``: Amari's alpha family, pa
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 from functools import cached_property
@@ -32,7 +33,7 @@ from typing import Any
 
 import sympy as sp
 
-from fbands import _derived, symbolic
+from fbands import _derived, _expr, symbolic
 from fbands.errors import DivergenceError
 
 __all__ = ["Divergence", "available", "get", "register"]
@@ -56,10 +57,14 @@ class Divergence:
     are computed by sympy on first access, which takes a fraction of a second per divergence.
     """
 
-    def __init__(self, name: str, f: sp.Expr, description: str = ""):
+    def __init__(self, name: str, f: sp.Expr, description: str = "", *,
+                 family: str | None = None, params: dict[str, sp.Rational] | None = None):
         self.name = name
         self.f = f
         self.description = description
+        #: For a member of a family (``alpha(a=1/2)``): the family's name and the values.
+        self.family = family
+        self.params = dict(params or {})
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -205,22 +210,40 @@ _ALIASES = {
 
 def _parse_f(f: str | sp.Expr, params: tuple[str, ...]) -> sp.Expr:
     if isinstance(f, str):
-        local = {"u": symbolic.U, **{k: sp.Symbol(k, real=True) for k in params}}
+        names = {"u": symbolic.U, **{k: sp.Symbol(k, real=True) for k in params}}
         try:
-            f = sp.sympify(f, locals=local)
-        except (sp.SympifyError, SyntaxError, TypeError) as err:
-            raise DivergenceError(f"cannot parse f = {f!r}: {err}") from err
+            return _expr.parse_expression(f, names)
+        except DivergenceError as err:
+            raise DivergenceError(f"cannot parse f = {f!r}: {err}") from None
     if not isinstance(f, sp.Expr):
         raise DivergenceError(f"f must be a sympy expression or a string, got {type(f).__name__}")
     # Accept any symbol named u, whatever its assumptions.
     f = f.xreplace({s: symbolic.U for s in f.free_symbols if s.name == "u"})
+    f = f.xreplace({s: sp.Symbol(s.name, real=True) for s in f.free_symbols if s.name in params})
     extra = {s.name for s in f.free_symbols} - {"u", *params}
     if extra:
         raise DivergenceError(
             f"f may only depend on u and the declared parameters {list(params)}, "
             f"but it uses {sorted(extra)}"
         )
+    _expr.check_nodes(f)
     return f
+
+
+def _param_value(family: str, key: str, value: Any) -> sp.Rational:
+    """A family parameter as an exact rational: from a number, or a string in the grammar of
+    :mod:`fbands._expr` (``"1/2"``, ``"-1e-3"``); anything else is refused."""
+    if isinstance(value, str):
+        return _expr.parse_number(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float, sp.Rational)):
+        raise DivergenceError(
+            f"{family}: {key} must be a number, got {type(value).__name__} {value!r}"
+        )
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise DivergenceError(f"{family}: {key} must be finite, got {value!r}")
+        return _expr.number(repr(value))  # the decimal a user wrote: 0.1 -> 1/10
+    return sp.Rational(value)
 
 
 def _check_generator(name: str, f: sp.Expr) -> None:
@@ -252,6 +275,55 @@ def _check_generator(name: str, f: sp.Expr) -> None:
     right = sp.limit(sp.diff(f, symbolic.U), symbolic.U, 1, "+")
     if left == right and not sp.diff(f, symbolic.U, 2).subs(symbolic.U, 1).is_positive:
         raise DivergenceError(f"{name}: f must be strictly convex at u = 1 (f''(1) > 0)")
+    _check_growth(name, f)
+
+
+#: The largest power of u (or of 1/u at 0) a generator may grow like: beyond it the growth
+#: is taken for exponential, which the solver's search in log r cannot bracket.
+_MAX_GROWTH = 1000
+
+
+def _growth(f: sp.Expr, point) -> float:
+    """``lim u f'(u) / f(u)`` at ``point`` (0 or oo): the power of ``u`` that ``f`` grows
+    like there (inf for exponential growth), by sympy, else estimated with mpmath."""
+    import mpmath
+
+    u = symbolic.U
+    ratio = u * sp.diff(f, u) / f
+    try:
+        k = sp.limit(ratio, u, point, "+" if point == 0 else "-")
+        if k.is_extended_real and k.is_number:
+            return float(k)
+    except Exception:  # noqa: BLE001 - sympy's limit raises assorted errors
+        pass
+    fn = sp.lambdify(u, ratio, "mpmath")
+    with mpmath.workdps(30):
+        return float(abs(fn(mpmath.mpf(10) ** (-60 if point == 0 else 60))))
+
+
+def _check_growth(name: str, f: sp.Expr) -> None:
+    """Refuse a generator that grows faster than every power of ``u`` (or of ``1/u`` as
+    ``u -> 0``, where ``f`` is unbounded), such as ``cosh(u - 1) - 1``: the solver works in
+    ``s = log r`` and relies on power-law tails."""
+    checks = [(sp.oo, "u -> inf", "u")]
+    if math.isinf(_f0(f)):
+        checks.append((0, "u -> 0", "1/u"))
+    for point, where, var in checks:
+        k = _growth(f, point)
+        if abs(k) > _MAX_GROWTH:  # (nan: undecided, and the grid check above passed)
+            raise DivergenceError(
+                f"{name}: f grows faster than any power of {var} as {where} "
+                f"(u f'(u) / f(u) -> {k}); fbands supports generators with power-law "
+                f"growth (at most {var}**{_MAX_GROWTH})"
+            )
+
+
+def _f0(f: sp.Expr) -> float:
+    try:
+        v = sp.limit(f, symbolic.U, 0, "+")
+    except Exception:  # noqa: BLE001
+        return math.inf
+    return math.inf if not v.is_finite else 0.0
 
 
 def register(
@@ -300,7 +372,7 @@ def register(
     >>> bool(lo < 1 < hi)
     True
     """
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         raise DivergenceError(f"invalid divergence name {name!r}")
     if not overwrite and (name in _REGISTRY or name in _FAMILIES or name in _ALIASES):
         raise DivergenceError(f"a divergence named {name!r} exists; pass overwrite=True")
@@ -328,9 +400,6 @@ def available() -> list[str]:
     return list(_REGISTRY) + list(_FAMILIES)
 
 
-_MEMBER = re.compile(r"^\s*([A-Za-z_]\w*)\s*\((.*)\)\s*$")
-
-
 def _family_member(name: str, values: dict[str, Any]) -> Divergence:
     expr, params, description = _FAMILIES[name]
     missing = [k for k in params if k not in values]
@@ -339,19 +408,10 @@ def _family_member(name: str, values: dict[str, Any]) -> Divergence:
         raise DivergenceError(
             f"{name} takes parameters {list(params)}; missing {missing}, unknown {unknown}"
         )
-    subs = {}
-    for k in params:
-        v = values[k]
-        try:
-            v = sp.sympify(v)
-            if isinstance(v, sp.Float):  # 0.5 -> 1/2: exact arithmetic, one name per member
-                v = sp.nsimplify(v, rational=True)
-        except (sp.SympifyError, TypeError) as err:
-            raise DivergenceError(f"{name}: bad value {k}={values[k]!r}") from err
-        if not (v.is_real and v.is_finite):
-            raise DivergenceError(f"{name}: {k} must be a finite real number, got {values[k]!r}")
-        subs[sp.Symbol(k, real=True)] = v
+    subs = {sp.Symbol(k, real=True): _param_value(name, k, values[k]) for k in params}
     f = expr.subs(subs)
+    if not f.has(sp.nan, sp.zoo):
+        _expr.check_nodes(f)  # e.g. alpha(a=1e6): u**1000000 is refused, not expanded
     if f.has(sp.nan, sp.zoo) or sp.simplify(sp.denom(sp.together(f))) == 0:
         # A removable singularity of the family (alpha at a = 0 or 1): take the limit.
         f = expr
@@ -361,7 +421,8 @@ def _family_member(name: str, values: dict[str, Any]) -> Divergence:
     full = f"{name}({label})"
     if full not in _REGISTRY_MEMBERS:
         _check_generator(full, f)
-        _REGISTRY_MEMBERS[full] = Divergence(full, f, description)
+        values = {k: subs[sp.Symbol(k, real=True)] for k in params}
+        _REGISTRY_MEMBERS[full] = Divergence(full, f, description, family=name, params=values)
     return _REGISTRY_MEMBERS[full]
 
 
@@ -399,19 +460,21 @@ def get(name: str | Divergence, **params: Any) -> Divergence:
         return name
     if not isinstance(name, str):
         raise DivergenceError(f"a divergence is named by a string, got {type(name).__name__}")
-    m = _MEMBER.match(name)
-    if m:
-        base, body = m.group(1), m.group(2)
+    base, args, kwargs = _expr.parse_spec(name)
+    if args or kwargs or name.rstrip().endswith(")"):
         if base not in _FAMILIES:
             raise DivergenceError(f"{base!r} is not a family; families: {list(_FAMILIES)}")
-        parsed: dict[str, Any] = {}
         fam_params = _FAMILIES[base][1]
-        for i, part in enumerate(p for p in body.split(",") if p.strip()):
-            key, _, value = part.partition("=")
-            if not _:
-                key, value = fam_params[i] if i < len(fam_params) else f"#{i}", key
-            parsed[key.strip()] = value.strip()
-        return _family_member(base, {**parsed, **params})
+        if len(args) > len(fam_params):
+            raise DivergenceError(f"{base} takes {len(fam_params)} parameter(s) "
+                                  f"{list(fam_params)}, got {len(args)}: {name!r}")
+        values: dict[str, Any] = dict(zip(fam_params, args, strict=False))
+        for key, value in (*kwargs.items(), *params.items()):
+            if key in values:
+                raise DivergenceError(f"{base}: parameter {key!r} given twice")
+            values[key] = value
+        return _family_member(base, values)
+    name = base
     key = _ALIASES.get(name.lower(), name.lower())
     if key in _FAMILIES:
         return _family_member(key, params)

@@ -104,29 +104,31 @@ def _rational_gcd(values: list[Fraction]) -> Fraction:
     return Fraction(num, den)
 
 
+#: Largest degree in ``1 + t`` the near form may expand to (``alpha(a=0.123)`` would need
+#: 1000): beyond it sympy's expansion takes seconds to minutes, and ``F`` keeps its far form
+#: near ``s = 0`` too (log-edges of size ``|s|`` then carry an error of about
+#: ``1e-16 / |s|`` relative, the edges themselves stay within a few ulp).
+_NEAR_MAX_DEGREE = 48
+
+
 def _near_form(F: sp.Expr) -> sp.Expr:
     """Rewrite ``F(s)`` so that it has no cancellation for small ``s``.
 
     Every ``exp(c s)`` (c rational) becomes ``(1 + t)**(c/k)`` with ``t = expm1(k s)`` and ``k``
     the rational gcd of the ``c``; logs of arguments equal to 1 at ``t = 0`` become ``log1p``;
     the result is expanded so that the terms of order 0 and 1 in ``t`` cancel exactly, in
-    algebra rather than in floating point.  Returns ``F`` unchanged when that is not possible.
+    algebra rather than in floating point.  Returns ``F`` unchanged when that is not possible
+    or would expand past :data:`_NEAR_MAX_DEGREE`.
     """
     if F.has(sp.sinh, sp.cosh, sp.tanh):
         F = F.rewrite(sp.exp)
-    atoms = _exp_atoms(F)
-    if not atoms:
+    slopes = _exp_slopes(F)
+    if not slopes or _exp_degree(slopes) > _NEAR_MAX_DEGREE:
         return F
-    coefs = []
-    for a in atoms:
-        c = sp.simplify(a.args[0] / S)
-        if not c.is_Rational or c.has(S):
-            return F
-        coefs.append(Fraction(int(c.p), int(c.q)))
-    k = _rational_gcd([abs(c) for c in coefs])
+    k = _rational_gcd([abs(c) for c in slopes.values()])
     k_sym = sp.Rational(k.numerator, k.denominator)
     W = sp.Symbol("w", positive=True)  # w = exp(k s) = 1 + t > 0
-    G = F.xreplace({a: W ** sp.Rational(c / k) for a, c in zip(atoms, coefs, strict=True)})
+    G = F.xreplace({a: W ** sp.Rational(c / k) for a, c in slopes.items()})
     G = sp.powsimp(sp.powdenest(G, force=True)).subs(W, 1 + T)
 
     def as_log1p(arg):
@@ -142,9 +144,33 @@ def _near_form(F: sp.Expr) -> sp.Expr:
     return G.subs(T, expm1(k_sym * S))
 
 
+def _exp_slopes(F: sp.Expr) -> dict[sp.Expr, Fraction] | None:
+    """Each ``exp(c s)`` of ``F`` with its rational ``c``; None if some ``c`` is not rational."""
+    out = {}
+    for a in _exp_atoms(F):
+        c = sp.simplify(a.args[0] / S)
+        if not c.is_Rational or c.has(S):
+            return None
+        out[a] = Fraction(int(c.p), int(c.q))
+    return out
+
+
+def _exp_degree(slopes: dict[sp.Expr, Fraction]) -> Fraction:
+    """Degree of ``F`` as a polynomial in ``exp(k s)``, ``k`` the rational gcd of the slopes."""
+    if not slopes:
+        return Fraction(0)
+    k = _rational_gcd([abs(c) for c in slopes.values()])
+    return max(abs(c) / k for c in slopes.values())
+
+
 def _optimize(expr: sp.Expr) -> sp.Expr:
+    """``expm1``/``log1p`` rewriting of sympy's C99 optimisations; skipped for an ``expr`` of
+    high degree in ``exp(k s)``, where they factor a polynomial of that degree (minutes)."""
     from sympy.codegen.rewriting import optimize, optims_c99
 
+    slopes = _exp_slopes(expr)
+    if slopes is None or _exp_degree(slopes) > _NEAR_MAX_DEGREE:
+        return expr
     return optimize(expr, optims_c99)
 
 
@@ -160,10 +186,28 @@ def _in_p_and_q(c: sp.Expr) -> sp.Expr:
     ).replace(lambda e: e.is_Add and sp.expand(e - (P - 1)) == 0, lambda e: -Q)
 
 
+#: Largest power of ``u`` (after clearing square roots) that can still give a band equation
+#: of degree <= 2; a higher one is not tried, which keeps sympy's work small.
+_CLOSED_MAX_POWER = 4
+
+
+def _may_have_closed_form(f: sp.Expr) -> bool:
+    """Whether every power of ``u`` in ``f`` is an integer or half-integer of small size: a
+    quadratic band equation needs that, and other radicals make sympy's ``unrad`` slow."""
+    for node in f.atoms(sp.Pow):
+        if node.base.has(U):
+            e = node.exp
+            if not (e.is_Rational and e.q <= 2 and abs(e) <= _CLOSED_MAX_POWER):
+                return False
+    return True
+
+
 def _closed_form(f: sp.Expr, edge: str) -> ClosedForm | None:
     """Polynomial form of the band equation for one edge, or None (see :class:`ClosedForm`)."""
     from sympy.solvers.solvers import unrad
 
+    if not _may_have_closed_form(f):
+        return None
     if edge == "upper":  # r = 1 + y, c = 1 - p y / q
         g = P * f.subs(U, 1 + Y) + Q * f.subs(U, 1 - P * Y / Q)
         var = Y

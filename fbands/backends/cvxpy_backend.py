@@ -62,19 +62,40 @@ _EXPRESSIONS: dict[str, Callable] = {
 }
 
 
+_U = sympy.Symbol("u", positive=True)
+
+#: The generator each DCP expression above is written for (THEORY's conventions).  A
+#: divergence gets an expression when its ``f`` equals one of these, whatever its name, so
+#: that a re-registered name can never select another divergence's program.
+_GENERATORS = {
+    "kl": _U - 1 - sympy.log(_U),
+    "reverse_kl": _U * sympy.log(_U) - _U + 1,
+    "tv": sympy.Abs(_U - 1) / 2,
+    "chi2": (_U - 1) ** 2,
+    "neyman_chi2": (_U - 1) ** 2 / _U,
+    "hellinger": (sympy.sqrt(_U) - 1) ** 2,
+    "js": (_U * sympy.log(_U) - (1 + _U) * sympy.log((1 + _U) / 2)) / 2,
+}
+
+
+def _same(f: sympy.Expr, g: sympy.Expr) -> bool:
+    return f == g or sympy.expand(f - g) == 0
+
+
 def expression(div: Divergence) -> Callable:
-    """The DCP builder for a divergence, or a :class:`DivergenceError` naming those known."""
-    if div.name in _EXPRESSIONS:
-        return _EXPRESSIONS[div.name]
-    if div.name.startswith("alpha("):
-        a = float(sympy.sympify(div.name[len("alpha(a=") : -1]))
-        if a in (0.0, 1.0):
-            return _EXPRESSIONS["kl" if a == 0.0 else "reverse_kl"]
-        if math.isfinite(a):
-            return _alpha(a)
+    """The DCP builder for a divergence, chosen by its generator ``f`` (not its name), or a
+    :class:`DivergenceError` naming those known."""
+    f = div.f.xreplace({s: _U for s in div.f.free_symbols if s.name == "u"})
+    for name, g in _GENERATORS.items():
+        if _same(f, g):
+            return _EXPRESSIONS[name]
+    a = div.params.get("a")
+    if a is not None and a not in (0, 1):
+        if _same(f, (_U**a - 1 - a * (_U - 1)) / (a * (a - 1))):
+            return _alpha(float(a))
     raise DivergenceError(
-        f"the cvxpy reference has no DCP form for {div.name!r}; it knows "
-        f"{sorted(_EXPRESSIONS)} and alpha(a=...)"
+        f"the cvxpy reference has no DCP form for {div.name!r} (f = {div.f}); it knows the "
+        f"generators of {sorted(_EXPRESSIONS)} and alpha(a=...)"
     )
 
 

@@ -131,8 +131,6 @@ def _prepare(p: Any, delta: Any, *, logp: bool, invalid: str, check: bool):
         t = p.detach()
     else:
         kind = "float" if isinstance(p, (int, float)) and not isinstance(p, bool) else "array"
-        if isinstance(p, bool) or (isinstance(p, np.ndarray) and p.dtype == bool):
-            raise BandError("p must be a float or an array of floats, not bool")
         t = torch.as_tensor(np.asarray(p))
     if t.dtype == torch.bool or t.is_complex():
         raise BandError(f"p must be real numbers, got dtype {t.dtype}")
