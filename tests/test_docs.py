@@ -422,3 +422,11 @@ def test_every_method_has_a_reference_and_the_pages_link_them():
         assert f"(ref-{label})" in related.replace(f"(ref-{label})=", ""), label
     front = (DOCS / "index.md").read_text()
     assert "PPO lets a token gain at most" in front and "/_generated/theory/gain.png" in front
+
+
+def test_every_page_points_to_the_notation_table():
+    pages = [*sorted((DOCS / "theory").glob("*.md")), DOCS / "tutorial.md", DOCS / "catalogue.md",
+             DOCS / "guides" / "own_loss.md", DOCS / "guides" / "index.md"]
+    for page in pages:
+        text = page.read_text()
+        assert "{ref}`notation`" in text or "notation`" in text, f"{page.name} never links it"
