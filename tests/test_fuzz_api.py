@@ -3,7 +3,7 @@
 The contract under test (issue 19): every call gives a correct result, nan where the
 documentation says so, or one of the library's own errors (:mod:`fbands.errors`) whose
 message names the bad argument; never another exception type and never a hang.  A hang
-is caught by an alarm (:func:`time_limit`, :data:`LIMIT_S` per example) rather than by
+is caught by an alarm (:func:`tests._timing.time_limit`, :data:`LIMIT_S` per example) rather than by
 hypothesis' deadline, whose timings are unreliable on a loaded machine; the solvers are
 warmed up once first, so that no example pays for a first compilation.  Inputs are small
 so that the whole file runs in well under a minute.
@@ -16,7 +16,6 @@ import dataclasses
 import io
 import json
 import math
-import signal
 from unittest import mock
 
 import pytest
@@ -37,30 +36,13 @@ from fbands.losses import (  # noqa: E402
     precompute_band,
     preset,
 )
+from tests._timing import time_limit  # noqa: E402
 
 FUZZ = settings(deadline=None, max_examples=40,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 #: seconds one example may take: far above any normal call, far below a hang
 LIMIT_S = 30
 
-
-class Hang(AssertionError):
-    """An example ran longer than :data:`LIMIT_S`."""
-
-
-@contextlib.contextmanager
-def time_limit(seconds: float = LIMIT_S):
-    """Fail with :class:`Hang` when the body runs longer than ``seconds`` (SIGALRM)."""
-    def alarm(signum, frame):
-        raise Hang(f"no answer within {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 CONFIGS = [preset(name) for name in ("clip", "dual-clip", "dcpo", "trgppo", "cispo",
                                      "band-kl", "band-mask-tv", "band-gppo-chi2")]
@@ -129,7 +111,7 @@ def test_policy_loss_any_input(data, shape, cfg, check, with_band):
         band = Band(tensor(data.draw, shape, ANY_FLOAT), tensor(data.draw, shape, ANY_FLOAT))
     names = ("logp_old", "logp", "mask", "band", "advantages")
     try:
-        with time_limit():
+        with time_limit(LIMIT_S):
             loss, metrics = policy_loss(logp_old, logp, adv, mask, cfg, band, check=check)
     except LossError as err:
         assert names_an_argument(err, names), err
@@ -149,7 +131,7 @@ def test_policy_loss_valid_input_is_finite(data, shape, cfg, mask_kind):
     adv = tensor(data.draw, shape[:1], st.floats(-10, 10), torch.float64)
     mask = {"ones": torch.ones(shape), "bool": torch.ones(shape, dtype=torch.bool),
             "random": tensor(data.draw, shape, st.sampled_from([0.0, 1.0]))}[mask_kind]
-    with time_limit():
+    with time_limit(LIMIT_S):
         loss, metrics = policy_loss(logp_old, logp, adv, mask, cfg)
     (grad,) = torch.autograd.grad(loss, logp)
     assert torch.isfinite(loss) and torch.isfinite(grad).all()
@@ -165,7 +147,7 @@ def test_precompute_band_any_input(data, shape, cfg, check):
     logp_old = tensor(data.draw, shape, ANY_FLOAT)
     mask = tensor(data.draw, shape, st.sampled_from([0.0, 1.0]))
     try:
-        with time_limit():
+        with time_limit(LIMIT_S):
             lo, hi = precompute_band(logp_old, cfg, mask=mask, check=check)
     except LossError as err:
         assert names_an_argument(err, ("logp_old",)), err
@@ -196,7 +178,7 @@ def test_agg_loss_any_input(data, shape, mode, num_tokens, num_seqs, scale, dtyp
     mask = tensor(data.draw, shape, MASK_VALUE)
     names = ("num_tokens", "num_seqs", "loss_scale_factor", "mask")
     try:
-        with time_limit():
+        with time_limit(LIMIT_S):
             out = agg_loss(values, mask, mode, num_tokens=num_tokens, num_seqs=num_seqs,
                            loss_scale_factor=scale, check=check)
     except LossError as err:
@@ -220,7 +202,7 @@ def run_cli(argv):
     """``(exit code, stderr)`` of ``fbands argv``; argparse's own exit counts as a code."""
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), \
-            time_limit():
+            time_limit(LIMIT_S):
         try:
             code = main(argv)
         except SystemExit as exc:  # argparse: a malformed command line
@@ -294,7 +276,7 @@ def test_train_config_any_values(data, tmp_path_factory):
     fields = data.draw(field_values())
     fields.setdefault("run_dir", str(tmp_path_factory.mktemp("run") / "r"))
     try:
-        with time_limit():
+        with time_limit(LIMIT_S):
             cfg = TrainConfig.from_dict(fields).validate()
     except ConfigError as err:
         text = str(err)
@@ -314,7 +296,7 @@ def test_config_file_any_text(text, suffix, tmp_path_factory):
     path = tmp_path_factory.mktemp("cfg") / f"c{suffix}"
     path.write_text(text, encoding="utf-8")
     try:
-        with time_limit():
+        with time_limit(LIMIT_S):
             TrainConfig.from_file(path).validate()
     except ConfigError as err:
         assert "\n" not in str(err).strip(), err

@@ -7,11 +7,9 @@ Every payload writes a marker file if it ever runs; each test asserts the librar
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import re
-import signal
 import stat
 import subprocess
 import sys
@@ -28,24 +26,9 @@ import fbands
 from fbands import _expr
 from fbands.errors import BandError, DivergenceError
 from tests import reference
+from tests._timing import time_limit
 
 U = sp.Symbol("u", positive=True)
-
-
-@contextlib.contextmanager
-def time_limit(seconds: float):
-    """Fail when the body runs longer than ``seconds`` (SIGALRM; a hang, not a speed goal)."""
-
-    def alarm(signum, frame):
-        raise AssertionError(f"no answer within {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def payloads(marker):
