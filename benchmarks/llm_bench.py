@@ -134,7 +134,7 @@ def passrates(args) -> dict:
 # --- GRPO runs -------------------------------------------------------------------------
 #: what every benchmark run shares (see llm_bench.md for why)
 RUN = dict(model=MODEL, warm_start_steps=0, prompts_per_step=4, group_size=4,
-           max_new_tokens=24, temperature=0.7, ppo_epochs=2, minibatches=2, lr=2e-4,
+           max_new_tokens=24, temperature=0.7, ppo_epochs=1, minibatches=2, lr=2e-4,
            lora_rank=16, lora_alpha=32.0, eval_every=2, eval_prompts=16, checkpoint_every=4,
            threads=1, progress=True)
 CURVE_KEYS = ("reward", "accuracy", "entropy", "clip/tail", "clip/rest",
@@ -186,11 +186,16 @@ def summarize_runs(runs: list[dict], args, untrained: float | None) -> dict:
         v = [r[key] for r in rows if key in r]
         return v[-1] if v else None
 
+    def first_step(rows):  # a run that never gets there counts as steps + 2 (next eval)
+        return next((r["step"] for r in rows if r.get("accuracy", -1) >= args.target),
+                    args.steps + 2)
+
     table = {}
     for method in METHODS:
         mine = [r["rows"] for r in runs if r["method"] == method]
         table[method] = {
             "seeds": len(mine),
+            "steps_to_target": _stats([first_step(rows) for rows in mine]),
             "final_accuracy": _stats([last_of(rows, "accuracy") for rows in mine]),
             "mean_accuracy": _stats([mean_of(rows, "accuracy") for rows in mine]),
             "mean_reward": _stats([mean_of(rows, "reward") for rows in mine]),
@@ -210,7 +215,7 @@ def summarize_runs(runs: list[dict], args, untrained: float | None) -> dict:
     return {"untrained_greedy_accuracy": untrained, "methods": table}
 
 
-def plot(runs: list[dict], path: Path, title: str) -> None:
+def plot(runs: list[dict], path: Path, title: str, untrained: float | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -221,11 +226,13 @@ def plot(runs: list[dict], path: Path, title: str) -> None:
               ("clip/rest", "clipped share, other tokens"),
               ("answer/start_tail_share", "rewarded answers starting in the tail"),
               ("reward", "mean sampled reward"))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.5))
+    fig, axes = plt.subplots(2, 3, figsize=(13, 7))
+    axes = list(axes.flat)
     colors = {"clip": "tab:red", "band-kl": "tab:blue"}
     for ax, (key, label) in zip(axes, panels, strict=True):
         for method in METHODS:
-            curves = [[(r["step"], r[key]) for r in run["rows"] if key in r]
+            start = [(0, untrained)] if key == "accuracy" and untrained is not None else []
+            curves = [start + [(r["step"], r[key]) for r in run["rows"] if key in r]
                       for run in runs if run["method"] == method]
             for c in curves:
                 if c:
@@ -251,7 +258,8 @@ def write_table(summary: dict, args, path: Path) -> None:
             return "-"
         return f"{s['mean']:.{digits}f} ± {s['std']:.{digits}f}"
 
-    keys = (("final_accuracy", "final held-out acc."), ("mean_accuracy", "mean held-out acc."),
+    keys = (("steps_to_target", f"first eval step with held-out acc. >= {args.target:g}"),
+            ("final_accuracy", "final held-out acc."), ("mean_accuracy", "mean held-out acc."),
             ("last4_reward", "reward, last 4 steps"), ("first_entropy", "entropy, step 1"),
             ("final_entropy", "entropy, last step"), ("clip_tail", "clipped, tail tokens"),
             ("clip_rest", "clipped, other tokens"),
@@ -284,7 +292,7 @@ def runs(args) -> dict:
             "held_out_greedy_accuracy")
     summary = summarize_runs(results, args, untrained)
     config = {**RUN, "task": args.task, "steps": args.steps, "seeds": list(args.seeds),
-              "methods": METHODS}
+              "methods": METHODS, "target": args.target}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "llm_bench.json").write_text(json.dumps(
         {"config": config, "summary": summary,
@@ -294,7 +302,7 @@ def runs(args) -> dict:
     write_table(summary, args, RESULTS / "llm_bench_table.md")
     plot(results, RESULTS / "llm_bench.png",
          f"{MODEL}, task {args.task}, LoRA r{RUN['lora_rank']}, {args.steps} steps, "
-         f"{len(args.seeds)} seeds (thin: seeds, thick: mean)")
+         f"{len(args.seeds)} seeds (thin: seeds, thick: mean)", untrained)
     log(f"wrote {RESULTS / 'llm_bench.json'}, llm_bench_table.md, llm_bench.png")
     return summary
 
@@ -311,9 +319,11 @@ def main(argv=None) -> int:
     p.set_defaults(func=passrates)
     p = sub.add_parser("runs", help="clip vs band-kl, several seeds")
     p.add_argument("--task", default="verify", choices=CHAT_TASKS)
-    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--steps", type=int, default=10)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--out", default="runs/llm_bench", help="folder of the run folders")
+    p.add_argument("--target", type=float, default=0.75,
+                   help="held-out greedy accuracy whose first step the table reports")
     p.set_defaults(func=runs)
     args = parser.parse_args(argv)
     args.func(args)

@@ -127,6 +127,8 @@ def convert_gguf(gguf: Path, target: Path, log=print) -> Path:
             tokenizer.eos_token = tokenizer.convert_ids_to_tokens(end)
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
+        # BPE text must decode as written (the clean-up is meant for WordPiece)
+        tokenizer.clean_up_tokenization_spaces = False
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         try:
