@@ -38,7 +38,7 @@ EXTRAS = {
     "tqdm": "rl",
     "verl": "verl",
     "trl": "trl",
-    "numba": None,  # a core dependency: reinstalling fbands brings it back
+    "numba": None,  # a core dependency (the error says: pip install numba)
 }
 
 
@@ -48,7 +48,7 @@ class MissingDependencyError(ImportError):
 
     def __init__(self, module: str, extra: str | None, feature: str):
         self.module, self.extra, self.feature = module, extra, feature
-        spec = f'"fbands[{extra}]"' if extra else "--force-reinstall fbands"
+        spec = f'"fbands[{extra}]"' if extra else module  # a core dependency: itself
         super().__init__(
             f"{feature} needs {module}, which is not installed: pip install {spec}",
             name=module,

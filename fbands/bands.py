@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from fbands._optional import raise_missing
 from fbands.divergences import Divergence, get
 from fbands.errors import BandError
 
@@ -45,7 +46,11 @@ def _backend_module(name: str, p: Any):
         raise BandError(f"unknown backend {name!r}; choose one of {['auto', *BACKENDS]}")
     if _is_tensor(p) and name != "torch":
         raise BandError(f"backend {name!r} takes numpy arrays or floats, not torch tensors")
-    return importlib.import_module(BACKENDS[name])
+    try:
+        return importlib.import_module(BACKENDS[name])
+    except ModuleNotFoundError as exc:  # numba (a core dependency) gone: say how to restore it
+        raise_missing(exc, f"backend {name!r}")
+        raise
 
 
 def _numba_usable() -> bool:

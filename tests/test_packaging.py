@@ -19,6 +19,7 @@ import textwrap
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import fbands
@@ -126,6 +127,22 @@ def test_import_fbands_loads_no_optional_package():
 
 def test_missing_extras_raise_an_error_that_names_them():
     _assert_names_extras(_blocked(_TRY_EXTRAS, "torch", "cvxpy", "matplotlib"))
+
+
+def test_without_numba_auto_takes_numpy_and_an_explicit_numba_says_so():
+    got = _blocked("""
+        import json, fbands, numpy as np
+        lo, hi = fbands.bounds(np.array([0.01, 0.5]), 0.05)
+        try:
+            fbands.bounds(np.array([0.01, 0.5]), 0.05, backend="numba")
+            err = None
+        except ImportError as exc:
+            err = str(exc)
+        print(json.dumps({"band": [*lo, *hi], "err": err}))
+    """, "numba")
+    want = fbands.bounds(np.array([0.01, 0.5]), 0.05, backend="numpy")
+    assert got["band"] == [*want[0], *want[1]]
+    assert got["err"].endswith("pip install numba"), got["err"]
 
 
 def test_a_broken_optional_package_is_not_reported_as_missing():
