@@ -306,7 +306,7 @@ def _check_growth(name: str, f: sp.Expr) -> None:
     ``u -> 0``, where ``f`` is unbounded), such as ``cosh(u - 1) - 1``: the solver works in
     ``s = log r`` and relies on power-law tails."""
     checks = [(sp.oo, "u -> inf", "u")]
-    if math.isinf(_f0(f)):
+    if _unbounded_at_zero(f):
         checks.append((0, "u -> 0", "1/u"))
     for point, where, var in checks:
         k = _growth(f, point)
@@ -318,12 +318,12 @@ def _check_growth(name: str, f: sp.Expr) -> None:
             )
 
 
-def _f0(f: sp.Expr) -> float:
+def _unbounded_at_zero(f: sp.Expr) -> bool:
+    """Whether ``f(0+)`` is infinite (or sympy cannot tell: then the check runs anyway)."""
     try:
-        v = sp.limit(f, symbolic.U, 0, "+")
-    except Exception:  # noqa: BLE001
-        return math.inf
-    return math.inf if not v.is_finite else 0.0
+        return not sp.limit(f, symbolic.U, 0, "+").is_finite
+    except Exception:  # noqa: BLE001 - sympy's limit raises assorted errors
+        return True
 
 
 def register(
@@ -421,8 +421,8 @@ def _family_member(name: str, values: dict[str, Any]) -> Divergence:
     full = f"{name}({label})"
     if full not in _REGISTRY_MEMBERS:
         _check_generator(full, f)
-        values = {k: subs[sp.Symbol(k, real=True)] for k in params}
-        _REGISTRY_MEMBERS[full] = Divergence(full, f, description, family=name, params=values)
+        chosen = {k: subs[sp.Symbol(k, real=True)] for k in params}
+        _REGISTRY_MEMBERS[full] = Divergence(full, f, description, family=name, params=chosen)
     return _REGISTRY_MEMBERS[full]
 
 
