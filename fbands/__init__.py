@@ -18,6 +18,9 @@ from fbands.errors import BandError as BandError
 from fbands.errors import ConfigError as ConfigError
 from fbands.errors import DivergenceError as DivergenceError
 from fbands.errors import LossError as LossError
+from fbands.schedules import AdaptiveDelta as AdaptiveDelta
+from fbands.schedules import DeltaSchedule as DeltaSchedule
+from fbands.schedules import parse_schedule as parse_schedule
 
 if _typing.TYPE_CHECKING:
     from fbands.backends.cvxpy_backend import reference_band as reference_band

@@ -1,0 +1,313 @@
+r"""Radius schedules: a delta that changes over training.
+
+Two kinds of schedule share one interface, ``schedule(step) -> float`` (the radius to use
+at a global optimiser step) and ``schedule.update(kl)`` (called after each update with the
+KL measured on it; a no-op for the fixed ones):
+
+* :class:`DeltaSchedule`: a fixed function of the step, from ``start`` to ``end`` over
+  ``total_steps`` (``constant``, ``linear``, ``cosine``, ``poly``, ``hold_linear``);
+* :class:`AdaptiveDelta`: a radius steered by the measured KL towards a target, like PPO's
+  adaptive KL coefficient.
+
+:func:`parse_schedule` reads either from a short string (the trainer's ``--delta-schedule``
+and config files), with a fixed grammar; nothing in it is evaluated as code.
+
+With ``t = clamp((step - hold_steps) / (total_steps - hold_steps), 0, 1)`` (``hold_steps``
+is 0 except for ``hold_linear``):
+
+=============== ==================================================================
+kind            delta(step)
+=============== ==================================================================
+``constant``    ``start``
+``linear``      ``start + (end - start) t``
+``cosine``      ``end + (start - end) (1 + cos(pi t)) / 2``
+``poly``        ``end + (start - end) (1 - t)**power``
+``hold_linear`` ``start`` for ``step < hold_steps``, then ``linear``
+=============== ==================================================================
+
+Steps past ``total_steps`` give ``end``.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from dataclasses import dataclass
+
+from fbands.errors import ConfigError
+
+KINDS = ("constant", "linear", "cosine", "poly", "hold_linear")
+
+
+def _positive(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{name} must be a number, got {value!r}")
+    value = float(value)
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
+    return value
+
+
+def _count(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise ConfigError(f"{name} must be an integer, got {value!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class DeltaSchedule:
+    """A radius that is a fixed function of the global step (table in the module docstring).
+
+    Parameters
+    ----------
+    kind : {"constant", "linear", "cosine", "poly", "hold_linear"}
+    start : float
+        The radius at step 0 (``> 0``).
+    end : float, optional
+        The radius from ``total_steps`` on (``> 0``; may exceed ``start``).  Defaults to
+        ``start`` (required to equal it for ``constant``).
+    total_steps : int
+        The step at which ``end`` is reached (``>= 1``; ignored by ``constant``).
+    hold_steps : int
+        ``hold_linear`` only: steps during which ``start`` is held (``< total_steps``).
+    power : float
+        ``poly`` only: the exponent (``> 0``; 1 is ``linear``).
+
+    Examples
+    --------
+    >>> from fbands.schedules import DeltaSchedule
+    >>> s = DeltaSchedule("cosine", start=0.1, end=0.02, total_steps=100)
+    >>> s(0), round(s(50), 12), s(100), s(10_000)
+    (0.1, 0.06, 0.02, 0.02)
+    """
+
+    kind: str
+    start: float
+    end: float | None = None
+    total_steps: int = 1
+    hold_steps: int = 0
+    power: float = 1.0
+
+    adaptive = False
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ConfigError(f"schedule kind must be one of {', '.join(KINDS)}; "
+                              f"got {self.kind!r}")
+        start = _positive("start", self.start)
+        end = start if self.end is None else _positive("end", self.end)
+        if self.kind == "constant" and end != start:
+            raise ConfigError(f"a constant schedule has end = start; got start={start!r}, "
+                              f"end={end!r} (use 'linear' or another kind)")
+        total = _count("total_steps", self.total_steps, 1)
+        hold = _count("hold_steps", self.hold_steps, 0)
+        if hold and self.kind != "hold_linear":
+            raise ConfigError(f"hold_steps is for kind 'hold_linear', not {self.kind!r}")
+        if hold >= total and self.kind == "hold_linear":
+            raise ConfigError(f"hold_steps ({hold}) must be < total_steps ({total})")
+        power = _positive("power", self.power)
+        if power != 1.0 and self.kind != "poly":
+            raise ConfigError(f"power is for kind 'poly', not {self.kind!r}")
+        for name, value in (("start", start), ("end", end), ("total_steps", total),
+                            ("hold_steps", hold), ("power", power)):
+            object.__setattr__(self, name, value)
+
+    def __call__(self, step: int) -> float:
+        """The radius at ``step`` (an integer ``>= 0``)."""
+        step = _count("step", step, 0)
+        if self.kind == "constant":
+            return self.start
+        t = min(max((step - self.hold_steps) / (self.total_steps - self.hold_steps), 0.0), 1.0)
+        if t == 1.0:
+            return self.end
+        a, b = self.start, self.end
+        if self.kind in ("linear", "hold_linear"):
+            return a + (b - a) * t
+        if self.kind == "cosine":
+            return b + (a - b) * (1 + math.cos(math.pi * t)) / 2
+        return b + (a - b) * (1 - t) ** self.power  # poly
+
+    def update(self, kl: float) -> float:
+        """No-op (the interface of :class:`AdaptiveDelta`); returns ``start``."""
+        return self.start
+
+    def __str__(self) -> str:
+        """The :func:`parse_schedule` string of this schedule."""
+        if self.kind == "constant":
+            return f"constant:{self.start!r}"
+        text = f"{self.kind}:{self.start!r}:{self.end!r}:{self.total_steps}"
+        if self.kind == "poly":
+            return f"{text}:{self.power!r}"
+        if self.kind == "hold_linear":
+            return f"{text}:{self.hold_steps}"
+        return text
+
+
+class AdaptiveDelta:
+    r"""A radius steered towards a target KL, updated after each optimiser step.
+
+    The rule (PPO's adaptive-KL rule, applied to the radius instead of a penalty
+    coefficient): after an update whose measured KL is ``kl``,
+
+    * ``kl > tolerance * target_kl``: the step went too far, ``delta /= factor``;
+    * ``kl < target_kl / tolerance``: it was too timid, ``delta *= factor``;
+    * otherwise ``delta`` is kept,
+
+    and ``delta`` is clamped to ``[low, high]``.  The KL is whatever estimate the caller
+    measures between the policies before and after the update (the trainer uses the
+    batch mean of the k3 estimator ``r - 1 - log r``, which is the mean KL of the
+    trust region's ``kl`` divergence per token).  Since the band's KL per token is at most
+    ``delta``, a measured KL well below ``delta`` is the norm: the target is a KL, not a
+    radius.
+
+    Parameters
+    ----------
+    target_kl : float
+        The KL to aim for (``> 0``).
+    start : float
+        The first radius (``> 0``).
+    low, high : float, optional
+        Bounds of the radius (defaults ``start / 10`` and ``start * 10``); ``low <= start
+        <= high``.
+    factor : float
+        Multiplicative step (``> 1``, default 1.5).
+    tolerance : float
+        Width of the dead zone around the target (``> 1``, default 1.5).
+
+    Examples
+    --------
+    >>> from fbands.schedules import AdaptiveDelta
+    >>> a = AdaptiveDelta(target_kl=0.01, start=0.05, factor=2.0)
+    >>> a.update(0.05), a.update(0.001), a.update(0.012)
+    (0.025, 0.05, 0.05)
+    >>> a(123)                       # the current radius, whatever the step
+    0.05
+    """
+
+    adaptive = True
+
+    def __init__(self, target_kl: float, start: float, low: float | None = None,
+                 high: float | None = None, *, factor: float = 1.5, tolerance: float = 1.5):
+        self.target_kl = _positive("target_kl", target_kl)
+        start = _positive("start", start)
+        self.low = start / 10 if low is None else _positive("low", low)
+        self.high = start * 10 if high is None else _positive("high", high)
+        if not self.low <= start <= self.high:
+            raise ConfigError(f"need low <= start <= high; got low={self.low!r}, "
+                              f"start={start!r}, high={self.high!r}")
+        self.factor = _positive("factor", factor)
+        self.tolerance = _positive("tolerance", tolerance)
+        if self.factor <= 1 or self.tolerance <= 1:
+            raise ConfigError(f"factor and tolerance must be > 1; got factor={factor!r}, "
+                              f"tolerance={tolerance!r}")
+        self.start = start
+        self.delta = start
+
+    def __call__(self, step: int) -> float:
+        """The current radius (the step is checked but does not matter)."""
+        _count("step", step, 0)
+        return self.delta
+
+    def update(self, kl: float) -> float:
+        """Apply the rule to a measured KL; returns the new radius."""
+        if isinstance(kl, bool) or not isinstance(kl, (int, float)) or not math.isfinite(kl):
+            raise ConfigError(f"the measured KL must be a finite number, got {kl!r}")
+        if kl > self.tolerance * self.target_kl:
+            self.delta /= self.factor
+        elif kl < self.target_kl / self.tolerance:
+            self.delta *= self.factor
+        self.delta = min(max(self.delta, self.low), self.high)
+        return self.delta
+
+    def state_dict(self) -> dict:
+        """The state to save in a checkpoint (the current radius)."""
+        return {"delta": self.delta}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`'s radius (clamped to the bounds)."""
+        self.delta = min(max(_positive("delta", state["delta"]), self.low), self.high)
+
+    def __str__(self) -> str:
+        return f"adaptive:{self.target_kl!r}:{self.start!r}:{self.low!r}:{self.high!r}"
+
+    def __repr__(self) -> str:
+        return (f"AdaptiveDelta(target_kl={self.target_kl!r}, start={self.start!r}, "
+                f"low={self.low!r}, high={self.high!r}, factor={self.factor!r}, "
+                f"tolerance={self.tolerance!r}, delta={self.delta!r})")
+
+
+_NUMBER = r"[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|\.[0-9]+(?:[eE][-+]?[0-9]+)?"
+_NUMBER_RE = re.compile(f"(?:{_NUMBER})")
+_INT_RE = re.compile(r"[0-9]+")
+#: Fields after the kind: (names, how many are required), each a number or an integer.
+_GRAMMAR = {
+    "constant": (("start",), 1),
+    "linear": (("start", "end", "total_steps"), 3),
+    "cosine": (("start", "end", "total_steps"), 3),
+    "poly": (("start", "end", "total_steps", "power"), 3),
+    "hold_linear": (("start", "end", "total_steps", "hold_steps"), 4),
+    "adaptive": (("target_kl", "start", "low", "high"), 1),
+}
+_INTEGERS = ("total_steps", "hold_steps")
+_USAGE = ("a number (constant), constant:START, linear|cosine:START:END:STEPS, "
+          "poly:START:END:STEPS[:POWER], hold_linear:START:END:STEPS:HOLD, "
+          "or adaptive:TARGET_KL[:START[:LOW:HIGH]]")
+
+
+def parse_schedule(text: str, *, start: float | None = None):
+    """A :class:`DeltaSchedule` or :class:`AdaptiveDelta` from its string.
+
+    Grammar (fields separated by ``:``, numbers in plain decimal or ``1e-3`` notation, step
+    counts as integers)::
+
+        0.05                           constant 0.05
+        constant:0.05
+        linear:0.1:0.02:1000           start, end, total_steps
+        cosine:0.1:0.02:1000
+        poly:0.1:0.02:1000:2           ... and power (default 1)
+        hold_linear:0.1:0.02:1000:200  ... and hold_steps
+        adaptive:0.01                  target KL; start from ``start``
+        adaptive:0.01:0.05:0.005:0.5   target KL, start, low, high
+
+    ``start`` is the radius used by ``adaptive`` when the string gives none (the trainer
+    passes its preset's delta).
+
+    Raises
+    ------
+    ConfigError
+        For anything else, with the grammar in the message.
+    """
+    if not isinstance(text, str):
+        raise ConfigError(f"a delta schedule must be a string, got {type(text).__name__}")
+    parts = text.strip().split(":")
+    if len(parts) == 1 and _NUMBER_RE.fullmatch(parts[0]):
+        parts = ["constant", parts[0]]
+    kind, fields = parts[0].strip(), [p.strip() for p in parts[1:]]
+    if kind not in _GRAMMAR:
+        raise ConfigError(f"unknown delta schedule {text!r}; expected {_USAGE}")
+    names, required = _GRAMMAR[kind]
+    if not required <= len(fields) <= len(names) or (kind == "adaptive" and len(fields) == 3):
+        raise ConfigError(f"delta schedule {text!r} has {len(fields)} field(s) after "
+                          f"{kind!r}; expected {_USAGE}")
+    values = {}
+    for name, field in zip(names, fields, strict=False):
+        pattern = _INT_RE if name in _INTEGERS else _NUMBER_RE
+        if not pattern.fullmatch(field):
+            what = "an integer" if name in _INTEGERS else "a number"
+            raise ConfigError(f"delta schedule {text!r}: {name} must be {what}, got {field!r}")
+        values[name] = int(field) if name in _INTEGERS else float(field)
+    if kind == "adaptive":
+        if "start" not in values:
+            if start is None:
+                raise ConfigError(f"delta schedule {text!r} needs a starting radius: "
+                                  "adaptive:TARGET_KL:START, or a delta to start from")
+            values["start"] = start
+        return AdaptiveDelta(**values)
+    return DeltaSchedule(kind, **values)

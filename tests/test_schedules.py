@@ -1,0 +1,205 @@
+"""Radius schedules: values by hand, the string grammar, the adaptive rule."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fbands.errors import ConfigError
+from fbands.schedules import AdaptiveDelta, DeltaSchedule, parse_schedule
+
+# (schedule, [(step, value computed by hand)]): step 0, the middle, the end, past the end.
+CASES = [
+    (DeltaSchedule("constant", 0.05), [(0, 0.05), (500, 0.05), (10**9, 0.05)]),
+    (
+        DeltaSchedule("linear", 0.1, 0.02, 1000),
+        [(0, 0.1), (250, 0.08), (500, 0.06), (1000, 0.02), (5000, 0.02)],
+    ),
+    (
+        # 0.02 + 0.08 (1 + cos(pi t)) / 2: t = 1/4 gives 0.02 + 0.04 (1 + sqrt(2)/2).
+        DeltaSchedule("cosine", 0.1, 0.02, 1000),
+        [(0, 0.1), (250, 0.02 + 0.04 * (1 + math.sqrt(0.5))), (500, 0.06), (1000, 0.02),
+         (1001, 0.02)],
+    ),
+    (
+        # 0.02 + 0.08 (1 - t)^2: t = 1/2 gives 0.04, t = 1/4 gives 0.065.
+        DeltaSchedule("poly", 0.1, 0.02, 1000, power=2.0),
+        [(0, 0.1), (250, 0.065), (500, 0.04), (1000, 0.02), (2000, 0.02)],
+    ),
+    (
+        # hold 0.1 for 200 steps, then linear over the 800 left: step 600 is half-way.
+        DeltaSchedule("hold_linear", 0.1, 0.02, 1000, hold_steps=200),
+        [(0, 0.1), (199, 0.1), (200, 0.1), (600, 0.06), (1000, 0.02), (3000, 0.02)],
+    ),
+    (
+        # An increasing schedule is allowed.
+        DeltaSchedule("linear", 0.01, 0.03, 10),
+        [(0, 0.01), (5, 0.02), (10, 0.03), (11, 0.03)],
+    ),
+]
+
+
+@pytest.mark.parametrize("schedule, points", CASES, ids=lambda c: getattr(c, "kind", ""))
+def test_values_by_hand(schedule, points):
+    for step, want in points:
+        assert schedule(step) == pytest.approx(want, rel=1e-14, abs=0), (schedule, step)
+    assert schedule(10**12) == schedule.end
+    assert schedule.update(1.0) == schedule.start  # fixed schedules ignore the KL
+
+
+@pytest.mark.parametrize("schedule, points", CASES, ids=lambda c: getattr(c, "kind", ""))
+def test_string_round_trip(schedule, points):
+    again = parse_schedule(str(schedule))
+    assert again == schedule
+    assert [again(s) for s, _ in points] == [schedule(s) for s, _ in points]
+
+
+def test_monotone_between_ends():
+    for kind in ("linear", "cosine", "poly", "hold_linear"):
+        kw = {"hold_steps": 30} if kind == "hold_linear" else {}
+        s = DeltaSchedule(kind, 0.2, 0.05, 100, **kw)
+        values = [s(i) for i in range(120)]
+        assert all(a >= b for a, b in zip(values, values[1:], strict=False)), kind
+        assert min(values) == 0.05 and max(values) == 0.2
+
+
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("0.05", DeltaSchedule("constant", 0.05)),
+        ("constant:5e-2", DeltaSchedule("constant", 0.05)),
+        (" linear:0.1:0.02:1000 ", DeltaSchedule("linear", 0.1, 0.02, 1000)),
+        ("cosine:.1:0.02:10", DeltaSchedule("cosine", 0.1, 0.02, 10)),
+        ("poly:0.1:0.02:100", DeltaSchedule("poly", 0.1, 0.02, 100)),
+        ("poly:0.1:0.02:100:3", DeltaSchedule("poly", 0.1, 0.02, 100, power=3.0)),
+        ("hold_linear:0.1:0.02:100:10", DeltaSchedule("hold_linear", 0.1, 0.02, 100, 10)),
+    ],
+)
+def test_parse(text, want):
+    assert parse_schedule(text) == want
+
+
+def test_parse_adaptive():
+    a = parse_schedule("adaptive:0.01", start=0.05)
+    assert isinstance(a, AdaptiveDelta)
+    assert (a.target_kl, a.delta, a.low, a.high) == (0.01, 0.05, 0.005, 0.5)
+    b = parse_schedule("adaptive:0.02:0.1:0.01:0.3")
+    assert (b.target_kl, b.delta, b.low, b.high) == (0.02, 0.1, 0.01, 0.3)
+    assert str(b) == "adaptive:0.02:0.1:0.01:0.3"
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("", "unknown delta schedule"),
+        ("exp:0.1:0.02:100", "unknown delta schedule"),
+        ("linear:0.1:0.02", "has 2 field"),
+        ("linear:0.1:0.02:100:5", "has 4 field"),
+        ("hold_linear:0.1:0.02:100", "has 3 field"),
+        ("linear:0.1:0.02:1e3", "total_steps must be an integer"),
+        ("linear:0.1:-0.02:100", "end must be a number"),
+        ("cosine:__import__('os'):0.02:100", "start must be a number"),
+        ("linear:0.1:0.02:0", "total_steps must be >= 1"),
+        ("hold_linear:0.1:0.02:100:100", "hold_steps \\(100\\) must be < total_steps"),
+        ("constant:0", "start must be a finite number > 0"),
+        ("adaptive:0.01", "needs a starting radius"),
+        ("adaptive:0.01:0.05:0.01", "has 3 field"),
+        ("adaptive:0.01:0.05:0.1:0.5", "need low <= start <= high"),
+        ("linear:nan:0.02:10", "start must be a number"),
+    ],
+)
+def test_parse_errors(text, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_schedule(text)
+
+
+def test_parse_not_a_string():
+    with pytest.raises(ConfigError, match="must be a string"):
+        parse_schedule(0.1)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"kind": "step", "start": 0.1}, "kind must be one of"),
+        ({"kind": "linear", "start": math.inf, "end": 0.1, "total_steps": 5}, "start must be"),
+        ({"kind": "linear", "start": 0.1, "end": 0.0, "total_steps": 5}, "end must be"),
+        ({"kind": "linear", "start": 0.1, "end": 0.05, "total_steps": 2.5}, "integer"),
+        ({"kind": "linear", "start": 0.1, "end": 0.05, "total_steps": True}, "integer"),
+        ({"kind": "constant", "start": 0.1, "end": 0.2}, "constant schedule has end = start"),
+        ({"kind": "linear", "start": 0.1, "end": 0.05, "total_steps": 5, "hold_steps": 2},
+         "hold_steps is for kind 'hold_linear'"),
+        ({"kind": "linear", "start": 0.1, "end": 0.05, "total_steps": 5, "power": 2.0},
+         "power is for kind 'poly'"),
+        ({"kind": "poly", "start": 0.1, "end": 0.05, "total_steps": 5, "power": -1.0},
+         "power must be"),
+        ({"kind": "linear", "start": "0.1", "end": 0.05, "total_steps": 5}, "start must be"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        DeltaSchedule(**kwargs)
+
+
+def test_bad_step():
+    s = DeltaSchedule("linear", 0.1, 0.05, 5)
+    for step in (-1, 1.5, "3", None):
+        with pytest.raises(ConfigError, match="step must be"):
+            s(step)
+
+
+def test_adaptive_moves_toward_target():
+    """A synthetic system whose KL per update grows with delta: kl = 0.4 delta.
+
+    The target 0.01 needs delta = 0.025; the rule must bring delta from 0.2 into the band
+    of the dead zone around it and hold it there."""
+    a = AdaptiveDelta(target_kl=0.01, start=0.2, low=0.001, high=1.0, factor=1.5)
+    history = []
+    for _ in range(40):
+        kl = 0.4 * a.delta
+        history.append(kl)
+        a.update(kl)
+    assert history[0] > 1.5 * 0.01
+    assert all(0.01 / 1.5 <= kl <= 1.5 * 0.01 for kl in history[10:])
+    # and from below
+    b = AdaptiveDelta(target_kl=0.01, start=0.002, low=0.001, high=1.0)
+    for _ in range(20):
+        b.update(0.4 * b.delta)
+    assert 0.01 / 1.5 <= 0.4 * b.delta <= 1.5 * 0.01
+
+
+def test_adaptive_rule_and_bounds():
+    a = AdaptiveDelta(target_kl=0.01, start=0.05, low=0.02, high=0.1, factor=2.0)
+    assert a.update(0.02) == 0.025  # > 1.5 target: halve
+    assert a.update(0.02) == 0.02  # clamped at low
+    assert a.update(0.02) == 0.02
+    assert a.update(0.01) == 0.02  # inside the dead zone: kept
+    assert a.update(0.007) == 0.02  # 0.007 > 0.01 / 1.5: kept
+    assert a.update(0.006) == 0.04  # < target / 1.5: doubled
+    assert a.update(0.0) == 0.08
+    assert a.update(-1e-9) == 0.1  # clamped at high (a slightly negative estimate grows)
+    assert a.update(0.0) == 0.1
+    assert a(7) == 0.1
+    # A long random walk of measured KLs never leaves [low, high].
+    import random
+
+    rng = random.Random(0)
+    for _ in range(1000):
+        d = a.update(rng.lognormvariate(math.log(0.01), 2.0))
+        assert 0.02 <= d <= 0.1
+
+
+def test_adaptive_state_and_errors():
+    a = AdaptiveDelta(target_kl=0.01, start=0.05)
+    a.update(1.0)
+    b = AdaptiveDelta(target_kl=0.01, start=0.05)
+    b.load_state_dict(a.state_dict())
+    assert b.delta == a.delta == 0.05 / 1.5
+    for bad in (math.nan, math.inf, "0.1", None, True):
+        with pytest.raises(ConfigError, match="measured KL must be a finite number"):
+            a.update(bad)
+    with pytest.raises(ConfigError, match="factor and tolerance must be > 1"):
+        AdaptiveDelta(0.01, 0.05, factor=0.5)
+    with pytest.raises(ConfigError, match="target_kl must be"):
+        AdaptiveDelta(0.0, 0.05)
