@@ -95,7 +95,7 @@ def calibrate_delta(
     >>> import fbands
     >>> delta = fbands.calibrate_delta(0.2, 0.5, "kl")
     >>> round(delta, 12)            # g(0.5, 1.2) = 0.5 (0.2 - log 1.2) + 0.5 (-0.2 - log 0.8)
-    0.020410997260
+    0.02041099726
     >>> round(fbands.bounds(0.5, delta, "kl")[1], 12)
     1.2
     """

@@ -74,11 +74,13 @@ __all__ = [
     "Band",
     "LossConfig",
     "LossError",
+    "SOFT_FORMS",
     "agg_loss",
     "dcpo_log_bounds",
     "policy_loss",
     "precompute_band",
     "preset",
+    "soft_clip",
 ]
 
 METHODS = (
@@ -120,6 +122,9 @@ _CLIP_FORM = ("clip", "clip_higher", "dual_clip", "dcpo", "trgppo", "band_clip",
 _DIVERGENCE_BAND = ("trgppo", "band_clip", "band_mask", "band_gppo")
 # Methods whose band is the fixed interval [1 - eps_low, 1 + eps_high].
 _FIXED_BAND = ("clip", "clip_higher", "dual_clip", "cispo")
+
+#: The smooth saturations of ``LossConfig.soft`` (see :func:`soft_clip`).
+SOFT_FORMS = ("tanh1", "tanh2", "smooth3")
 
 _DEFAULT_DUAL_CLIP_C = 3.0
 # Old probability below which a token counts as a tail token in "tail_clipfrac_upper".
@@ -169,6 +174,15 @@ class LossConfig:
         ``band_gppo``: the same at the lower edge; None means ``gppo_beta``.
     agg : str
         Aggregation over tokens, one of :data:`AGG_MODES` (see :func:`agg_loss`).
+    soft : str or None
+        Replace the hard clip of the clip-form methods (all but ``band_gppo``) by a smooth
+        saturation ``s(r)``, one of :data:`SOFT_FORMS` (see :func:`soft_clip`); the term
+        becomes :math:`\max(-A r, -A\,s(r))`.  None (default): the hard clip.
+    soft_k : float
+        ``soft="tanh2"``: the slope of ``s`` at ``r = 1`` (``> 0``).
+    soft_width : float
+        ``soft="smooth3"``: the room ``s`` saturates into beyond an edge, as a fraction of
+        the edge's distance from 1 (``> 0``).
 
     Raises
     ------
@@ -201,6 +215,9 @@ class LossConfig:
     gppo_beta: float = 1.0
     gppo_beta_low: float | None = None
     agg: str = "token-mean"
+    soft: str | None = None
+    soft_k: float = 1.0
+    soft_width: float = 0.25
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -226,6 +243,16 @@ class LossConfig:
             _check_number("gppo_beta_low", self.gppo_beta_low, low=0.0)
         if self.upper_bound_max is not None:
             _check_number("upper_bound_max", self.upper_bound_max, low=1.0)
+        if self.soft is not None:
+            if self.soft not in SOFT_FORMS:
+                raise LossError(f"unknown soft {self.soft!r}; expected one of "
+                                f"{', '.join(SOFT_FORMS)} or None")
+            if self.method not in _CLIP_FORM or self.method == "band_gppo":
+                raise LossError(f"soft={self.soft!r} applies to the clip-form methods "
+                                f"{', '.join(m for m in _CLIP_FORM if m != 'band_gppo')}, "
+                                f"not {self.method!r}")
+        _check_number("soft_k", self.soft_k, low=0.0, low_open=True)
+        _check_number("soft_width", self.soft_width, low=0.0, low_open=True)
         if self.dual_clip_c is not None:
             _check_number("dual_clip_c", self.dual_clip_c, low=1.0, low_open=True)
             if self.method not in _CLIP_FORM:
@@ -760,6 +787,86 @@ def _clip_form(logratio, adv, log_lo, log_hi, cfg):
     return per_token, upper, lower, dual, torch.zeros_like(upper)
 
 
+def _saturate(d: Tensor, log_scale: Tensor, k: float) -> Tensor:
+    """``scale * tanh(k d / scale)``, written as ``k d phi(k d / scale)`` with
+    ``phi(x) = tanh(x) / x``: finite and smooth for any finite ``d`` even when ``scale``
+    (given by its log) overflows, and exact as ``x -> 0`` (``phi = 1 - x^2 / 3``)."""
+    kd = k * d
+    # A scale below e^-20 (an edge at ~1, eps = 0) acts as a hard clip; the floor keeps
+    # 1 / scale finite, so that no 0 * inf reaches the value or the gradient.
+    x = kd * torch.exp(-log_scale.clamp(min=-20.0))
+    small = x.abs() < 1e-4
+    x_safe = torch.where(small, torch.ones_like(x), x)
+    phi = torch.where(small, 1 - x * x / 3, torch.tanh(x_safe) / x_safe)
+    return kd * phi
+
+
+def soft_clip(logratio: Tensor, log_lo: Tensor, log_hi: Tensor, form: str, *,
+              k: float = 1.0, width: float = 0.25) -> Tensor:
+    r"""The smooth saturation ``s(r)`` that ``LossConfig.soft`` puts in place of
+    ``clip(r, r_lo, r_hi)``, from log-ratios and log-edges.
+
+    ``tanh1`` (one segment, centred on the band): :math:`s = m + h	anh((r - m)/h)` with
+    :math:`m = (r_{lo} + r_{hi})/2`, :math:`h = (r_{hi} - r_{lo})/2`.  Its slope at ``m``
+    is 1, it tends to the edges, and it is not 1 at ``r = 1`` for a band that is not
+    symmetric about 1 (a tail token's).
+
+    ``tanh2`` (two segments joined at ``r = 1``): :math:`s = 1 + e	anh(k (r - 1)/e)` with
+    :math:`e = r_{hi} - 1` for ``r >= 1`` and :math:`e = 1 - r_{lo}` below.  ``s(1) = 1``,
+    slope ``k`` there, tends to the edges.
+
+    ``smooth3`` (three segments): the identity inside the band, and beyond an edge ``b``
+    :math:`s = b + w	anh((r - b)/w)` with :math:`w = 	ext{width}\cdot|b - 1|`: value and
+    slope continuous at the edges, saturating at ``b +- w``.
+
+    Ratios and edges are exponentiated from at most :math:`\log r = 80` (as the hard clip
+    does), and each tanh is evaluated as ``k d tanh(x)/x`` with its scale given in log
+    space, so that an edge that overflows the dtype gives a finite ``s`` (close to ``r``:
+    such a band does not restrain the token).
+    """
+    lr = logratio.clamp(max=_MAX_LOG_RATIO)
+    r = torch.exp(lr)
+    hi_c = log_hi.clamp(max=_MAX_LOG_RATIO)
+    if form == "tanh2":
+        log_e_hi = torch.log(torch.expm1(hi_c))  # log(r_hi - 1)
+        log_e_lo = torch.log(-torch.expm1(log_lo))  # log(1 - r_lo), 0 at r_lo = 0
+        above = lr >= 0
+        d = torch.expm1(lr)
+        return 1 + _saturate(d, torch.where(above, log_e_hi, log_e_lo), k)
+    if form == "tanh1":
+        lo, hi = torch.exp(log_lo), torch.exp(hi_c)
+        m, h = (lo + hi) / 2, (hi - lo) / 2
+        return m + _saturate(r - m, torch.log(h), 1.0)
+    if form == "smooth3":
+        lo, hi = torch.exp(log_lo), torch.exp(hi_c)
+        log_w_hi = math.log(width) + torch.log(torch.expm1(hi_c))
+        log_w_lo = math.log(width) + torch.log(-torch.expm1(log_lo))
+        up = hi + _saturate(r - hi, log_w_hi, 1.0)
+        down = lo + _saturate(r - lo, log_w_lo, 1.0)
+        return torch.where(logratio > log_hi, up, torch.where(logratio < log_lo, down, r))
+    raise LossError(f"unknown soft form {form!r}; expected one of {', '.join(SOFT_FORMS)}")
+
+
+def _soft_clip_form(logratio, adv, log_lo, log_hi, cfg):
+    """PPO form with ``clip`` replaced by :func:`soft_clip`: ``max(-A r, -A s(r))``, i.e.
+    ``-A min(r, s)`` for A >= 0 and ``-A max(r, s)`` (then capped by dual clip) for A < 0.
+    The clip fractions count the tokens beyond the edge on the advantage's side."""
+    upper = (adv > 0) & (logratio > log_hi)
+    lower = (adv < 0) & (logratio < log_lo)
+    r = torch.exp(logratio.clamp(max=_MAX_LOG_RATIO))
+    s = soft_clip(logratio, log_lo, log_hi, cfg.soft, k=cfg.soft_k, width=cfg.soft_width)
+    v = torch.where(adv >= 0, torch.minimum(r, s), torch.maximum(r, s))
+    c = cfg.dual_clip_c
+    if c is None and cfg.method == "dual_clip":
+        c = _DEFAULT_DUAL_CLIP_C
+    if c is not None:
+        dual = (adv < 0) & (v > c)
+        v = torch.where(dual, torch.full_like(v, c), v)
+    else:
+        dual = torch.zeros_like(upper)
+    return -adv * v, upper, lower, dual, torch.zeros_like(upper)
+
+
 def _band_mask(logratio, logp, adv, log_lo, log_hi, cfg):
     """DPPO form: -A sg(min(r, C)) log pi, dropped where the token left its band."""
     upper = (adv > 0) & (logratio > log_hi)
@@ -936,6 +1043,8 @@ def policy_loss(
         terms = _band_mask(logratio, logp_c, adv, log_lo, log_hi, cfg)
     elif cfg.method == "cispo":
         terms = _cispo(logratio, logp_c, adv, log_lo, log_hi)
+    elif cfg.soft is not None:
+        terms = _soft_clip_form(logratio, adv, log_lo, log_hi, cfg)
     else:
         terms = _clip_form(logratio, adv, log_lo, log_hi, cfg)
     per_token, upper, lower, dual, trunc = terms  # (B, T) loss and four (B, T) bool masks
