@@ -25,6 +25,12 @@ def register(sub) -> None:
     p.add_argument("--div", default="kl,tv,chi2", help="comma-separated names")
     p.add_argument("--delta", type=float, default=0.05, help="radius (default: 0.05)")
     p.add_argument("-o", "--output", default="band.png", help="PNG file (default: band.png)")
+    p.add_argument("--compare-clip", type=float, metavar="EPS", default=None,
+                   help="draw instead the probability a token may gain, p (r_hi - 1), against "
+                        "p, for PPO clip EPS and the bands")
+    p.add_argument("--match-p", type=float, metavar="P", default=None,
+                   help="with --compare-clip: give each band the radius whose upper edge at "
+                        "p = P is 1 + EPS (fbands.calibrate_delta) instead of --delta")
     p.set_defaults(func=_plot)
 
 
@@ -79,6 +85,21 @@ def _plot(args: argparse.Namespace) -> int:
         from fbands.errors import DivergenceError
 
         raise DivergenceError(f"--div {args.div!r} names no divergence")
-    path = plot_bands(names, args.delta, args.output)
+    if args.compare_clip is None:
+        if args.match_p is not None:
+            from fbands.errors import BandError
+
+            raise BandError("--match-p needs --compare-clip EPS")
+        path = plot_bands(names, args.delta, args.output)
+    else:
+        from fbands.plotting import plot_gain
+
+        eps = args.compare_clip
+        if not (math.isfinite(eps) and eps > 0):
+            from fbands.errors import BandError
+
+            raise BandError(f"--compare-clip must be a number > 0, got {eps!r}")
+        path = plot_gain(names, args.delta, args.output, eps=eps, eps_high=None,
+                         match_p=args.match_p)
     print(f"wrote {path}", file=sys.stderr)
     return 0

@@ -80,8 +80,8 @@ def _pyplot():
 
 
 def plot_gain(
-    divs, delta: float, output: str | Path, *, eps: float = 0.2, eps_high: float = 0.28,
-    p_min: float = 1e-4,
+    divs, delta: float, output: str | Path, *, eps: float = 0.2,
+    eps_high: float | None = 0.28, p_min: float = 1e-4, match_p: float | None = None,
 ) -> Path:
     """The probability a token may gain, ``p (r_hi - 1)``, against its old probability ``p``.
 
@@ -99,9 +99,13 @@ def plot_gain(
     output : path
         Where to write the PNG.
     eps, eps_high : float
-        PPO's clip range and Clip-Higher's upper one, drawn for comparison.
+        PPO's clip range and Clip-Higher's upper one (None: not drawn), for comparison.
     p_min : float
         Left end of the p axis.
+    match_p : float, optional
+        Instead of ``delta``, give each band the radius of
+        :func:`fbands.calibrate_delta` ``(eps, match_p, div)``: its curve then crosses
+        PPO's line at ``p = match_p`` (``fbands plot --compare-clip EPS --match-p P``).
 
     Returns
     -------
@@ -114,10 +118,16 @@ def plot_gain(
     p = np.logspace(np.log10(p_min), np.log10(0.999), 300)
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
     for name in divs:
-        _, hi = fbands.bounds(p, delta, name, backend="numpy")
-        ax.plot(p, p * (hi - 1), lw=1.8, label=f"band {fbands.get(name).name}, delta = {delta:g}")
+        radius = delta if match_p is None else fbands.calibrate_delta(eps, match_p, name,
+                                                                      unreachable="raise")
+        _, hi = fbands.bounds(p, radius, name, backend="numpy")
+        ax.plot(p, p * (hi - 1), lw=1.8,
+                label=f"band {fbands.get(name).name}, delta = {radius:.3g}")
     ax.plot(p, eps * p, "k--", lw=1.6, label=f"PPO clip: eps p, eps = {eps:g}")
-    ax.plot(p, eps_high * p, "k:", lw=1.4, label=f"Clip-Higher: {eps_high:g} p")
+    if eps_high is not None:
+        ax.plot(p, eps_high * p, "k:", lw=1.4, label=f"Clip-Higher: {eps_high:g} p")
+    if match_p is not None:
+        ax.axvline(match_p, color="0.5", lw=0.8, ls=":", label=f"matched at p = {match_p:g}")
     ax.plot(p, 1 - p, color="0.6", lw=0.9, ls="-.", label="1 - p (all the mass)")
     ax.set(xscale="log", yscale="log", xlabel="old probability p",
            ylabel="allowed gain  p (r_hi - 1)",

@@ -126,3 +126,26 @@ def test_monotone_in_p():
     p = np.geomspace(1e-6, 0.8, 50)
     d = fbands.calibrate_delta(0.2, p, "kl")
     assert np.all(np.diff(d) > 0)
+
+
+# --- fbands plot --compare-clip: the allowed gain of PPO and of the bands -------------------
+def test_compare_clip_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from fbands.cli import main
+
+    out = tmp_path / "gain.png"
+    assert main(["plot", "--compare-clip", "0.2", "--div", "kl,tv", "-o", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    matched = tmp_path / "matched.png"
+    assert main(["plot", "--compare-clip", "0.2", "--match-p", "0.3", "-o", str(matched)]) == 0
+    assert matched.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    capsys.readouterr()
+    for argv, fragment in [
+        (["--compare-clip", "-0.1"], "--compare-clip must be a number > 0"),
+        (["--compare-clip", "nan"], "--compare-clip must be a number > 0"),
+        (["--match-p", "0.3"], "--match-p needs --compare-clip"),
+        (["--compare-clip", "0.2", "--match-p", "0.9"], "1 + eps <= 1/p"),
+    ]:
+        assert main(["plot", *argv, "-o", str(tmp_path / "x.png")]) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("fbands: error: ") and fragment in err and "\n" not in err, err
