@@ -63,6 +63,10 @@ HELP = {
     "loss": "fbands.losses preset: clip, clip-higher, dual-clip, dcpo, trgppo, cispo, "
             "band-<div>, band-mask-<div>, band-gppo-<div>",
     "delta": "override the preset's band radius",
+    "delta_schedule": "radius over training (band methods): '' (fixed), "
+                      "linear|cosine:START:END:STEPS, poly:START:END:STEPS[:POWER], "
+                      "hold_linear:START:END:STEPS:HOLD, or adaptive:TARGET_KL[:START[:LOW:HIGH]] "
+                      "(starts from delta); see fbands.parse_schedule",
     "eps_low": "override the preset's lower clip",
     "eps_high": "override the preset's upper clip",
     "agg": "override the loss aggregation (token-mean, seq-mean-token-mean, ...)",
@@ -142,6 +146,7 @@ class TrainConfig:
     # --- update ------------------------------------------------------------------------
     loss: str = "band-kl"
     delta: float | None = None
+    delta_schedule: str = ""  # "" keeps delta fixed; else a fbands.parse_schedule string
     eps_low: float | None = None
     eps_high: float | None = None
     agg: str | None = None
@@ -229,7 +234,28 @@ class TrainConfig:
         for name in ("bf16", "adv_std_norm", "progress", "chat_template"):
             need(isinstance(getattr(self, name), bool), name, "must be true or false")
         self.loss_config()  # an unknown loss name or override fails here, before any work
+        self.schedule()
         return self
+
+    def schedule(self):
+        """The radius schedule of ``delta_schedule`` (:func:`fbands.parse_schedule`; an
+        ``adaptive`` one starts from the loss's ``delta``), or None for a fixed radius."""
+        if not isinstance(self.delta_schedule, str):
+            raise ConfigError(f"delta_schedule={self.delta_schedule!r}: must be a string "
+                              "('' for a fixed radius)")
+        if not self.delta_schedule:
+            return None
+        from fbands.losses import _DIVERGENCE_BAND
+        from fbands.schedules import parse_schedule
+
+        loss_cfg = self.loss_config()
+        if loss_cfg.method not in _DIVERGENCE_BAND:
+            raise ConfigError(f"delta_schedule={self.delta_schedule!r}: the loss "
+                              f"{self.loss!r} has no band radius to schedule")
+        try:
+            return parse_schedule(self.delta_schedule, start=loss_cfg.delta)
+        except ConfigError as err:
+            raise ConfigError(f"delta_schedule={self.delta_schedule!r}: {err}") from err
 
     def loss_config(self):
         """The :class:`fbands.losses.LossConfig` named by ``loss`` and its overrides."""

@@ -10,7 +10,9 @@ Read :func:`train` top to bottom; it is the whole algorithm:
    :math:`A_i = (R_i - \\operatorname{mean}_g R) / (\\operatorname{std}_g R + 10^{-6})`
    (without the division for Dr. GRPO);
 4. old log-probabilities once per batch and the band once per batch
-   (:func:`fbands.losses.precompute_band`);
+   (:func:`fbands.losses.precompute_band`), of the radius that ``delta_schedule`` gives
+   this step (:mod:`fbands.schedules`; an adaptive radius is updated after the step from
+   the mean k3 KL of its last PPO epoch);
 5. ``ppo_epochs`` passes over ``minibatches`` shuffled minibatches: the policy loss, plus
    optionally a k3 KL to the reference and an entropy bonus; Adam with gradient clipping;
 6. one line of metrics to ``metrics.jsonl``; a non-finite loss stops the run (the last good
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -33,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fbands.losses import TAIL_PROB, Band, agg_loss, policy_loss, precompute_band
+from fbands.losses import _DIVERGENCE_BAND, TAIL_PROB, Band, agg_loss, policy_loss, precompute_band
 from fbands.rl.config import ConfigError, TrainConfig
 from fbands.rl.diagnostics import clip_split_metrics, tail_clip_counts
 from fbands.rl.model import load_policy, pad_batch, token_logprobs, warm_start
@@ -215,6 +218,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     cfg.validate()
     loss_cfg = cfg.loss_config()
+    schedule = cfg.schedule()  # None: the radius stays loss_cfg.delta
     run_dir = Path(cfg.run_dir)
     ckpt_path, metrics_path = run_dir / CHECKPOINT, run_dir / METRICS
     if resume and not ckpt_path.is_file():
@@ -254,6 +258,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
             model.load_state_dict(saved["model"])
             optimizer.load_state_dict(saved["optimizer"])
             _set_rng_state(saved["rng"], device)
+            if schedule is not None and schedule.adaptive:
+                schedule.load_state_dict(saved["delta_schedule"])
         except (RuntimeError, ValueError, KeyError, TypeError) as err:
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
             raise ConfigError(f"checkpoint {str(ckpt_path)!r} does not fit this run's model "
@@ -271,7 +277,9 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
         _save_atomic({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                       "rng": _rng_state(device), "step": step,
                       "data_position": step * cfg.prompts_per_step,
-                      "config": cfg.to_dict()}, ckpt_path)
+                      "config": cfg.to_dict(),
+                      **({"delta_schedule": schedule.state_dict()}
+                         if schedule is not None and schedule.adaptive else {})}, ckpt_path)
 
     from tqdm.auto import tqdm
 
@@ -313,7 +321,9 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
                                              chunk=cfg.logprob_chunk)
         _sync(device)  # two syncs per step so that the band's share of time is measured
         t_band = time.perf_counter()
-        band = precompute_band(logp_old, loss_cfg, mask=mask, check=device.type == "cpu")
+        step_cfg = loss_cfg if schedule is None else dataclasses.replace(
+            loss_cfg, delta=schedule(step))
+        band = precompute_band(logp_old, step_cfg, mask=mask, check=device.type == "cpu")
         _sync(device)
         t_band = time.perf_counter() - t_band
 
@@ -322,6 +332,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
         per_update: list[dict[str, torch.Tensor]] = []
         clip_counts = torch.zeros(4, device=device)  # clipped / all, tail (p < 0.1) / rest
         for _epoch in range(cfg.ppo_epochs):
+            last_epoch = len(per_update)  # index of this epoch's first update
             order = torch.randperm(ids.shape[0], generator=generator, device=device)
             for mb in order.chunk(cfg.minibatches):
                 with autocast():
@@ -330,7 +341,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
                                                chunk=cfg.logprob_chunk)
                 mb_band = Band(band.log_lower[mb], band.log_upper[mb])
                 pg_loss, loss_metrics = policy_loss(logp_old[mb], logp, advantages[mb],
-                                                    mask[mb], loss_cfg, mb_band)
+                                                    mask[mb], step_cfg, mb_band)
                 clip_counts += tail_clip_counts(logp_old[mb], logp, advantages[mb], mask[mb],
                                                 mb_band)
                 loss = pg_loss
@@ -373,6 +384,12 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
                "time/update_s": t_end - t_rollout,
                "time/band_share": t_band / (t_end - t_start),
                **clip_split_metrics(clip_counts)}
+        if step_cfg.method in _DIVERGENCE_BAND:  # the radius this step's band used
+            row["delta"] = step_cfg.delta
+            if schedule is not None and schedule.adaptive:  # the rule's input and output
+                kl_col = stacked[last_epoch:, keys.index("loss/approx_kl_k3")]
+                row["delta/measured_kl"] = float(kl_col.mean())
+                row["delta/next"] = schedule.update(row["delta/measured_kl"])
         rows, cols = answer_start_columns(codec, task, [prompts[i // G] for i in range(len(
             batch.completions))], batch, rewards.tolist())
         if rows:  # old probability of the token where each rewarded answer starts
