@@ -9,6 +9,8 @@ run starts from), with its own ``FBANDS_CACHE_DIR``:
   directory: sympy derives, numba compiles, the tables are built) and on a **warm** one
   (the same directory again: the derivation and the machine code come from disk), then
   the steady-state cost of the next call;
+* the same first calls on the numpy backend (``backend="numpy"``: no compiling, no
+  tables), where the cold cost is sympy's derivation and the warm one reads it from disk;
 * a **fresh worker**: ``import fbands`` + ``import torch`` + the first
   ``log_bounds(logp, 0.05, "kl", logp=True)`` on a CPU tensor of 4096 float32
   log-probabilities, cold and warm: what each new Ray worker of a verl job pays (the
@@ -55,6 +57,8 @@ rng = np.random.default_rng(0)
 p = np.clip(np.exp(-rng.exponential(1.5, 4096) ** 2), 1e-8, 1.0)
 if kind == "bounds":
     call = lambda: fbands.bounds(p, 0.05, div)
+elif kind == "numpy":
+    call = lambda: fbands.bounds(p, 0.05, div, backend="numpy")
 else:
     import torch
     t_torch = time.perf_counter()
@@ -68,7 +72,7 @@ for _ in range(reps):
     call()
 t4 = time.perf_counter()
 out = {"import": t1 - t0, "first": t3 - t2, "next": (t4 - t3) / reps}
-if kind != "bounds":
+if kind == "worker":
     out["torch"] = t2 - t1
 print(json.dumps(out))
 """
@@ -148,6 +152,18 @@ def markdown(res: dict) -> str:
         if r["kind"] == "bounds":
             lines.append(f"| {r['div']} | {r['cold_first_s']:.2f} | {r['warm_first_s']:.2f} "
                          f"| {r['next_ms']:.2f} | {r['warm_process_s']:.2f} |")
+    lines += [
+        "",
+        "The same on the numpy backend (no compiling, no tables): the cold first call is "
+        "mostly sympy's derivation, which a warm cache replaces by reading a JSON file:",
+        "",
+        "| divergence | cold first call (s) | warm first call (s) | next call (ms) |",
+        "|---|---|---|---|",
+    ]
+    for r in res["rows"]:
+        if r["kind"] == "numpy":
+            lines.append(f"| {r['div']} | {r['cold_first_s']:.2f} | {r['warm_first_s']:.2f} "
+                         f"| {r['next_ms']:.2f} |")
     worker = [r for r in res["rows"] if r["kind"] == "worker"]
     if worker:
         w = worker[0]
@@ -184,11 +200,12 @@ def main(argv: list[str] | None = None) -> int:
         imp = import_only(Path(tmp), max(repeats, 3))
     print(f"import fbands {imp['import_s']:.2f} s (process {imp['process_s']:.2f} s)", flush=True)
     rows = []
-    for div in divs:
-        rows.append(first_calls("bounds", div, repeats))
-        r = rows[-1]
-        print(f"{div:>14}: cold {r['cold_first_s']:6.2f} s  warm {r['warm_first_s']:5.2f} s  "
-              f"next {r['next_ms']:.2f} ms", flush=True)
+    for kind in ("bounds", "numpy"):
+        for div in divs:
+            rows.append(first_calls(kind, div, repeats))
+            r = rows[-1]
+            print(f"{kind:>6} {div:>14}: cold {r['cold_first_s']:6.2f} s  "
+                  f"warm {r['warm_first_s']:5.2f} s  next {r['next_ms']:.2f} ms", flush=True)
     try:
         import torch  # noqa: F401
     except ImportError:
