@@ -271,3 +271,47 @@ def test_trainer_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="must be a string"):
         _small(tmp_path, delta_schedule=0.1).validate()
     assert _small(tmp_path, delta_schedule="adaptive:0.01").schedule().delta == 0.05
+
+
+# --- the TRL plug-in: band_delta_schedule over state.global_step ----------------------------
+def test_trl_trainer_follows_the_schedule(tmp_path):
+    pytest.importorskip("trl")
+    import warnings
+
+    from fbands import losses as fl
+
+    from .test_trl import make_trainer
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = make_trainer(tmp_path, max_steps=4, band_delta_schedule="linear:0.04:0.01:2")
+        trainer.train()
+    logs = [e for e in trainer.state.log_history if "band/delta" in e]
+    # Generation batches are scored at global steps 0 and 2 (num_iterations=2); each band
+    # serves two optimizer steps: schedule(0) = 0.04, schedule(2) = 0.01.
+    assert [e["band/delta"] for e in logs] == pytest.approx([0.04, 0.04, 0.01, 0.01])
+    (buffered,) = trainer._buffered_inputs
+    cfg = fl.LossConfig(**{**trainer.band_config.__dict__, "delta": 0.01})
+    want = fl.precompute_band(buffered["old_per_token_logps"], cfg,
+                              mask=buffered["completion_mask"])
+    torch = pytest.importorskip("torch")
+    torch.testing.assert_close(buffered["fbands_log_upper"], want.log_upper)
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("adaptive:0.01", "adaptive radius is supported by fbands train only"),
+        ("cosine:0.1", "band_delta_schedule='cosine:0.1': .*has 1 field"),
+    ],
+)
+def test_trl_schedule_errors(tmp_path, text, match):
+    pytest.importorskip("trl")
+    from fbands.integrations.trl import TRLBandError
+
+    from .test_trl import make_args
+
+    with pytest.raises(TRLBandError, match=match):
+        make_args(tmp_path, band_delta_schedule=text)
+    with pytest.raises(TRLBandError, match="has no radius to schedule"):
+        make_args(tmp_path, band_method="clip", band_delta_schedule="linear:0.1:0.02:5")

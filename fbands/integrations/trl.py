@@ -10,7 +10,12 @@ comes from :mod:`fbands.losses`. Everything around the per-token loss is TRL's:
   off-policy sequence mask, the top-entropy token mask, the KL penalty (``beta``), a
   constant entropy bonus and the MoE auxiliary loss;
 - the logged metrics ``entropy``, ``kl`` and ``clip_ratio/*`` (now measured against
-  the band), plus the band's own metrics under ``band/<name>``.
+  the band), plus the band's own metrics under ``band/<name>`` and the radius in use,
+  ``band/delta``.
+
+``band_delta_schedule`` decays the radius over training (:func:`fbands.parse_schedule`:
+``"cosine:0.1:0.02:1000"``, ...), indexed by TRL's ``state.global_step`` (optimizer
+steps) at the time each generation batch is scored; its band serves every pass over it.
 
 The band depends only on the old log-probabilities, so it is computed once per
 generation batch and reused by all ``num_iterations`` passes over it.
@@ -43,6 +48,7 @@ A complete script (a small model from the Hugging Face hub)::
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 
@@ -116,6 +122,10 @@ class BandGRPOConfig(GRPOConfig):
         Dual clip for negative advantages (e.g. 3.0).
     band_truncation : float
         Cap on the stop-gradient ratio of ``band_mask``.
+    band_delta_schedule : str
+        ``""`` (default) keeps ``band_delta``; otherwise a :func:`fbands.parse_schedule`
+        string of a step schedule (``linear``, ``cosine``, ``poly``, ``hold_linear``) over
+        ``state.global_step``.  ``adaptive`` is not supported here (use ``fbands train``).
 
     Raises
     ------
@@ -157,6 +167,11 @@ class BandGRPOConfig(GRPOConfig):
     band_truncation: float = field(
         default=10.0, metadata={"help": "Truncation cap C of the band mask."}
     )
+    band_delta_schedule: str = field(
+        default="",
+        metadata={"help": "Radius over optimizer steps, e.g. 'cosine:0.1:0.02:1000' "
+                          "(fbands.parse_schedule); '' keeps band_delta."},
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -180,6 +195,29 @@ class BandGRPOConfig(GRPOConfig):
         # (never evaluates it).  A bad delta, method or type fails in band_loss_config.
         fbands.get(as_str("band_div", self.band_div))
         self.band_loss_config()
+        self.band_schedule()
+
+    def band_schedule(self):
+        """The :class:`fbands.DeltaSchedule` of ``band_delta_schedule``, or None."""
+        from fbands.schedules import parse_schedule
+
+        text = self.band_delta_schedule
+        if not isinstance(text, str):
+            raise TRLBandError(f"band_delta_schedule={text!r}: must be a string ('' keeps "
+                               "band_delta)")
+        if not text:
+            return None
+        if self.band_loss_config().method not in fl._DIVERGENCE_BAND:
+            raise TRLBandError(f"band_delta_schedule={text!r}: band_method="
+                               f"{self.band_method!r} has no radius to schedule")
+        try:
+            schedule = parse_schedule(text, start=self.band_delta)
+        except ConfigError as err:
+            raise TRLBandError(f"band_delta_schedule={text!r}: {err}") from err
+        if schedule.adaptive:
+            raise TRLBandError(f"band_delta_schedule={text!r}: an adaptive radius is "
+                               "supported by fbands train only; use a step schedule")
+        return schedule
 
     def band_loss_config(self) -> fl.LossConfig:
         """The :class:`fbands.losses.LossConfig` these options describe.
@@ -231,6 +269,8 @@ class BandGRPOTrainer(GRPOTrainer):
                 f"BandGRPOTrainer needs args=BandGRPOConfig(...), got {type(a).__name__}"
             )
         self.band_config = a.band_loss_config()
+        self.band_schedule = a.band_schedule()
+        self._band_step_config = self.band_config  # of the latest generation batch
         generate_every = a.steps_per_generation * a.num_iterations
         if a.gradient_accumulation_steps % generate_every == 0:
             warnings.warn(
@@ -246,11 +286,15 @@ class BandGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
+        if self.band_schedule is not None:
+            self._band_step_config = dataclasses.replace(
+                self.band_config, delta=self.band_schedule(self.state.global_step))
         old = output.get("old_per_token_logps")
         if old is not None:
             # Once per generation batch; the slices travel with the batch through
             # TRL's shuffling and splitting and serve every num_iterations pass.
-            band = fl.precompute_band(old, self.band_config, mask=output["completion_mask"])
+            band = fl.precompute_band(old, self._band_step_config,
+                                      mask=output["completion_mask"])
             output[_LOWER], output[_UPPER] = band.log_lower, band.log_upper
         return output
 
@@ -279,7 +323,7 @@ class BandGRPOTrainer(GRPOTrainer):
         if _LOWER in inputs:
             band = fl.Band(inputs[_LOWER], inputs[_UPPER])
         else:
-            band = fl.precompute_band(old, self.band_config, mask=mask)
+            band = fl.precompute_band(old, self._band_step_config, mask=mask)
 
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         norm = self._normalisation_weights(mask, inputs, mode, accumulation)  # (B, T)
@@ -303,7 +347,7 @@ class BandGRPOTrainer(GRPOTrainer):
             weights = weights * inputs["importance_sampling_ratio"]
         # token-sum with weights = TRL's normalisation of the weighted per-token loss.
         loss, band_metrics = fl.policy_loss(
-            old, logps, advantages, weights, self.band_config, band=band
+            old, logps, advantages, weights, self._band_step_config, band=band
         )
         if self.beta != 0.0:
             log_ref_ratio = inputs["ref_per_token_logps"] - logps
@@ -379,3 +423,5 @@ class BandGRPOTrainer(GRPOTrainer):
         values = self.accelerator.gather(values.unsqueeze(0)).mean(0).tolist()
         for name, value in zip(names, values, strict=True):
             m[f"band/{name}"].append(value)
+        if self.band_config.method in fl._DIVERGENCE_BAND:
+            m["band/delta"].append(self._band_step_config.delta)
