@@ -315,3 +315,21 @@ def test_trl_schedule_errors(tmp_path, text, match):
         make_args(tmp_path, band_delta_schedule=text)
     with pytest.raises(TRLBandError, match="has no radius to schedule"):
         make_args(tmp_path, band_method="clip", band_delta_schedule="linear:0.1:0.02:5")
+
+
+# --- the verl plug-in logs the radius it used -----------------------------------------------
+def test_verl_logs_the_radius():
+    pytest.importorskip("verl")
+    torch = pytest.importorskip("torch")
+    from fbands.integrations.verl import compute_policy_loss
+
+    g = torch.Generator().manual_seed(0)
+    old = torch.log(torch.rand(2, 5, generator=g) * 0.9 + 0.05)
+    new = (old + 0.1 * torch.randn(2, 5, generator=g)).clamp(max=-1e-3).requires_grad_()
+    adv, mask = torch.randn(2, 5, generator=g), torch.ones(2, 5)
+    config = {"policy_loss": {"loss_mode": "band", "div": "tv", "delta": 0.07}}
+    _, metrics = compute_policy_loss("band", old, new, adv, mask, config=config)
+    assert metrics["actor/band/delta"] == 0.07
+    config = {"policy_loss": {"loss_mode": "fbands", "method": "clip"}}
+    _, metrics = compute_policy_loss("fbands", old, new, adv, mask, config=config)
+    assert "actor/band/delta" not in metrics  # a fixed clip has no radius

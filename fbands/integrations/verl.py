@@ -28,6 +28,17 @@ registers the losses, so the overrides above are enough inside every worker. Two
 ways to load the plug-in exist: the ``verl.plugins`` entry point that the fbands
 distribution declares (verl loads every such entry point on ``import verl``), and
 verl's environment variable ``VERL_USE_EXTERNAL_MODULES=fbands.integrations.verl``.
+
+The radius is fixed (``policy_loss.delta``): in verl 0.9.1 a policy loss cannot know the
+global step.  verl calls it with ``old_log_prob``, ``log_prob``, ``advantages``,
+``response_mask``, ``loss_agg_mode``, ``config`` (the actor's ``ActorConfig``) and
+``rollout_is_weights`` only (``verl.workers.utils.losses.ppo_loss``, which also drops every
+other field of the batch); the trainer's ``global_steps`` goes into the generation batch's
+``meta_info`` but not into the batch of ``update_actor``, and ``config`` holds no step
+counter.  The one per-step call carrying the step into the actor's process is
+``update_weights(global_steps=...)``, made after the update.  A decaying radius
+(:mod:`fbands.schedules`) therefore needs verl to pass the step (or a patched worker);
+``fbands train`` and the TRL plug-in support schedules.
 """
 
 from __future__ import annotations
@@ -319,7 +330,8 @@ def compute_policy_loss(
         ``actor/pg_clipfrac`` (ratio clipped at either edge), ``actor/ppo_kl`` (k1
         estimate of KL(old || new), verl's definition), ``actor/pg_clipfrac_lower``
         (clipped at the lower edge) and every fbands metric as ``actor/band/<name>``,
-        over the tokens with a non-zero weight. They reach the host in one transfer.
+        over the tokens with a non-zero weight, and the radius as ``actor/band/delta``
+        (methods with a divergence band). They reach the host in one transfer.
 
     Raises
     ------
@@ -336,7 +348,10 @@ def compute_policy_loss(
         weights = weights * rollout_is_weights.detach()
     band = fl.precompute_band(old_log_prob, cfg, mask=response_mask)
     loss, raw = fl.policy_loss(old_log_prob, log_prob, advantages, weights, cfg, band=band)
-    return loss, _verl_metrics(raw)
+    metrics = _verl_metrics(raw)
+    if cfg.method in fl._DIVERGENCE_BAND:
+        metrics["actor/band/delta"] = cfg.delta
+    return loss, metrics
 
 
 def _verl_metrics(raw: Mapping[str, torch.Tensor]) -> dict[str, float]:
