@@ -179,8 +179,10 @@ def test_tables_are_cached_per_divergence_delta_and_layout():
     assert numba_backend.tables(d, 0.06, "float32") is not a
 
 
-# quick loop: kl alone (each divergence takes half a minute of torch solving under load)
-@pytest.mark.parametrize("div", registry(["kl", "js", "triangular"], quick=("kl",)))
+# slow: 20-170 s a divergence (torch solving 1500 points four ways); the quick loop reads
+# tables with torch in test_backends (float32, cpu_kernel="torch")
+@pytest.mark.slow
+@pytest.mark.parametrize("div", ["kl", "js", "triangular"])
 def test_torch_reads_the_same_tables(div, monkeypatch):
     """torch's evaluation of a table (the path of validated calls on a GPU, here on CPU
     tensors kept off numba) against numba's pass and against torch's own Newton solver.
