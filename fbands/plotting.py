@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -257,6 +258,61 @@ def plot_rstar(divs, output: str | Path, *, deltas=None) -> Path:
     ax.set_ylim(-0.02, 1.02)
     ax.grid(True, lw=0.4, alpha=0.6)
     ax.legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    output = Path(output)
+    fig.savefig(output)
+    plt.close(fig)
+    return output
+
+
+def plot_soft_clip(output: str | Path, *, lower: float = 0.8, upper: float = 1.5,
+                   k: float = 1.0, width: float = 0.25) -> Path:
+    """The ratio the loss sees, ``s(r)``, for the hard clip and the three soft forms of
+    :func:`fbands.losses.soft_clip`, on one band ``[lower, upper]`` (left), and their
+    slopes ``ds/dr`` (right): the gradient a token keeps, relative to an unclipped one.
+
+    Parameters
+    ----------
+    output : path
+        Where to write the PNG.
+    lower, upper : float
+        The band (``0 <= lower < 1 < upper``); a lopsided one shows how ``tanh1`` moves
+        ``s(1)`` away from 1.
+    k, width : float
+        ``soft_k`` of ``tanh2`` and ``soft_width`` of ``smooth3``.
+
+    Returns
+    -------
+    Path
+        ``output``.
+    """
+    plt = _pyplot()
+    import torch
+
+    from fbands.losses import SOFT_FORMS, soft_clip
+
+    r = torch.linspace(0.3, 2.5, 600, dtype=torch.float64)
+    lr = torch.log(r).requires_grad_()
+    lo = torch.full_like(r, math.log(lower))
+    hi = torch.full_like(r, math.log(upper))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(9.0, 3.6), dpi=110)
+    hard = torch.clamp(r, lower, upper)
+    ax.plot(r, hard, "k--", lw=1.4, label="hard clip")
+    ax2.plot(r, ((r > lower) & (r < upper)).double(), "k--", lw=1.4, label="hard clip")
+    for form in SOFT_FORMS:
+        s = soft_clip(lr, lo, hi, form, k=k, width=width)
+        (ds_dlr,) = torch.autograd.grad(s.sum(), lr)
+        ax.plot(r, s.detach(), lw=1.6, label=form)
+        ax2.plot(r, (ds_dlr / r).detach(), lw=1.6, label=form)
+    for a in (ax, ax2):
+        for edge in (lower, upper):
+            a.axvline(edge, color="0.6", lw=0.8, ls=":")
+        a.set_xlabel("ratio r")
+        a.grid(True, lw=0.4, alpha=0.6)
+    ax.plot(r, r, color="0.7", lw=0.8, label="r")
+    ax.set(ylabel="s(r)", title=f"clipped ratio, band [{lower:g}, {upper:g}]")
+    ax2.set(ylabel="ds/dr", title="slope (gradient kept)")
+    ax.legend(fontsize=7.5, loc="upper left")
     fig.tight_layout()
     output = Path(output)
     fig.savefig(output)

@@ -176,3 +176,11 @@ def test_soft_clip_unknown_form():
     x = torch.zeros(2)
     with pytest.raises(LossError, match="unknown soft form"):
         soft_clip(x, x - 1, x + 1, "cubic")
+
+
+def test_plot_soft_clip_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    from fbands.plotting import plot_soft_clip
+
+    out = plot_soft_clip(tmp_path / "soft.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
