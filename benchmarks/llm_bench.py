@@ -10,15 +10,17 @@ Two parts, both written to ``benchmarks/results/``:
     0.1 is the share of rewarded answers that start in the tail).
     -> ``llm_passrates.json`` / ``.md``.
 ``runs``
-    GRPO with clip (eps 0.2) and band-kl (delta 0.05) on one task, ``--seeds`` seeds each,
-    LoRA, through :func:`fbands.rl.train.train`.  Finished runs are reused and a killed run
-    is resumed, so the command can be re-run after an interruption.
-    -> ``llm_bench.json`` (summaries and curves), ``llm_bench.md`` (table),
+    GRPO with clip (eps 0.2), band-kl (delta 0.05) and Clip-Higher (0.2 / 0.28) on one task
+    (``verify`` by default), ``--seeds`` seeds each, LoRA, through
+    :func:`fbands.rl.train.train`.  Finished runs are reused (a longer one counts up to
+    ``--steps``), a shorter or killed one is resumed from its checkpoint, so the command can
+    be re-run after an interruption.
+    -> ``llm_bench.json`` (summaries and curves), ``llm_bench_table.md`` (table),
     ``llm_bench.png`` (held-out accuracy, entropy, clip fractions of tail tokens and of the
     rest, share of rewarded answers that start in the tail; mean over seeds).
 
     PYTHONPATH=. python benchmarks/llm_bench.py passrates
-    PYTHONPATH=. python benchmarks/llm_bench.py runs      # about an hour on 2 busy cores
+    PYTHONPATH=. python benchmarks/llm_bench.py runs      # 20-60 min on 2 cores, by load
     make bench-llm                                        # both
 
 Progress goes to stderr, one line per step.
@@ -38,7 +40,11 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = "smollm2-135m"
 METHODS = {"clip": dict(loss="clip", eps_low=0.2, eps_high=0.2),
-           "band-kl": dict(loss="band-kl", delta=0.05)}
+           "band-kl": dict(loss="band-kl", delta=0.05),
+           "clip-higher": dict(loss="clip-higher", eps_low=0.2, eps_high=0.28),
+           "dcpo": dict(loss="dcpo")}
+#: what ``runs`` compares by default (the others with --methods)
+DEFAULT_METHODS = ("clip", "band-kl", "clip-higher")
 CHAT_TASKS = ("sum", "larger", "word", "verify")
 
 
@@ -165,8 +171,8 @@ def one_run(method: str, seed: int, args) -> dict:
 
         train(cfg, resume=resume, log=progress)
         log(f"{method} seed {seed}: {args.steps} steps in {time.perf_counter() - t0:.0f} s")
-    _, rows = load_run(run_dir)
-    return {"method": method, "seed": seed, "rows": rows}
+    _, rows = load_run(run_dir)  # a longer earlier run counts up to --steps
+    return {"method": method, "seed": seed, "rows": rows[:args.steps]}
 
 
 def _stats(values):
@@ -191,7 +197,7 @@ def summarize_runs(runs: list[dict], args, untrained: float | None) -> dict:
                     args.steps + 2)
 
     table = {}
-    for method in METHODS:
+    for method in args.methods:
         mine = [r["rows"] for r in runs if r["method"] == method]
         table[method] = {
             "seeds": len(mine),
@@ -215,7 +221,8 @@ def summarize_runs(runs: list[dict], args, untrained: float | None) -> dict:
     return {"untrained_greedy_accuracy": untrained, "methods": table}
 
 
-def plot(runs: list[dict], path: Path, title: str, untrained: float | None = None) -> None:
+def plot(runs: list[dict], path: Path, title: str, untrained: float | None = None,
+         methods=tuple(METHODS)) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -228,9 +235,10 @@ def plot(runs: list[dict], path: Path, title: str, untrained: float | None = Non
               ("reward", "mean sampled reward"))
     fig, axes = plt.subplots(2, 3, figsize=(13, 7))
     axes = list(axes.flat)
-    colors = {"clip": "tab:red", "band-kl": "tab:blue"}
+    colors = {"clip": "tab:red", "band-kl": "tab:blue", "clip-higher": "tab:orange",
+              "dcpo": "tab:green"}
     for ax, (key, label) in zip(axes, panels, strict=True):
-        for method in METHODS:
+        for method in methods:
             start = [(0, untrained)] if key == "accuracy" and untrained is not None else []
             curves = [start + [(r["step"], r[key]) for r in run["rows"] if key in r]
                       for run in runs if run["method"] == method]
@@ -282,7 +290,7 @@ def runs(args) -> dict:
     results = []
     t0 = time.perf_counter()
     for seed in args.seeds:  # seed-major: an early stop still leaves both methods compared
-        for method in METHODS:
+        for method in args.methods:
             results.append(one_run(method, seed, args))
             log(f"done {method} seed {seed} ({time.perf_counter() - t0:.0f} s so far)")
     untrained = None
@@ -292,7 +300,7 @@ def runs(args) -> dict:
             "held_out_greedy_accuracy")
     summary = summarize_runs(results, args, untrained)
     config = {**RUN, "task": args.task, "steps": args.steps, "seeds": list(args.seeds),
-              "methods": METHODS, "target": args.target}
+              "methods": {m: METHODS[m] for m in args.methods}, "target": args.target}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "llm_bench.json").write_text(json.dumps(
         {"config": config, "summary": summary,
@@ -302,7 +310,7 @@ def runs(args) -> dict:
     write_table(summary, args, RESULTS / "llm_bench_table.md")
     plot(results, RESULTS / "llm_bench.png",
          f"{MODEL}, task {args.task}, LoRA r{RUN['lora_rank']}, {args.steps} steps, "
-         f"{len(args.seeds)} seeds (thin: seeds, thick: mean)", untrained)
+         f"{len(args.seeds)} seeds (thin: seeds, thick: mean)", untrained, args.methods)
     log(f"wrote {RESULTS / 'llm_bench.json'}, llm_bench_table.md, llm_bench.png")
     return summary
 
@@ -322,6 +330,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--out", default="runs/llm_bench", help="folder of the run folders")
+    p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS),
+                   choices=list(METHODS))
     p.add_argument("--target", type=float, default=0.75,
                    help="held-out greedy accuracy whose first step the table reports")
     p.set_defaults(func=runs)

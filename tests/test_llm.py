@@ -165,7 +165,7 @@ def _llm_cfg(tmp_path, name, **kw):
     base = dict(model=MODEL, task="sum", run_dir=str(tmp_path / name), seed=3,
                 warm_start_steps=0, prompts_per_step=2, group_size=2, max_new_tokens=8,
                 temperature=1.0, ppo_epochs=1, minibatches=2, lr=1e-3, lora_rank=4,
-                eval_every=0, checkpoint_every=1, threads=1, progress=False)
+                eval_every=0, checkpoint_every=2, threads=1, progress=False)
     return TrainConfig(**{**base, **kw})
 
 
