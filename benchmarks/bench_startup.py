@@ -154,8 +154,9 @@ def markdown(res: dict) -> str:
                          f"| {r['next_ms']:.2f} | {r['warm_process_s']:.2f} |")
     lines += [
         "",
-        "The same on the numpy backend (no compiling, no tables): the cold first call is "
-        "mostly sympy's derivation, which a warm cache replaces by reading a JSON file:",
+        "The same on the numpy backend (no compiling, no tables): a cold first call pays "
+        "sympy's derivation on top of the computation itself (about the next call's time), "
+        "a warm one reads the derivation from a JSON file instead:",
         "",
         "| divergence | cold first call (s) | warm first call (s) | next call (ms) |",
         "|---|---|---|---|",
