@@ -33,7 +33,7 @@ bench: setup
 bench-rl: setup
 	$(PY) benchmarks/rl_bench.py
 
-## clip vs band-kl on SmolLM2-135M-Instruct (untrained pass rates, then 3 seeds each; ~1 h CPU)
+## clip, band-kl, Clip-Higher on SmolLM2-135M-Instruct, 3 seeds each (20-60 min on 2 cores)
 bench-llm: setup
 	PYTHONPATH=. $(PY) benchmarks/llm_bench.py passrates
 	PYTHONPATH=. $(PY) benchmarks/llm_bench.py runs
