@@ -43,7 +43,8 @@ reads only the blocks that hold one.
 Environment: ``FBANDS_CACHE_DIR`` (default ``~/.cache/fbands``) holds the generated modules
 and numba's cache next to them, in a directory only this user can write
 (:mod:`fbands._cache`); a generated module is imported only when its text is the one this
-process generated.
+process generated.  The tables are kept there too, as verified numeric arrays
+(:mod:`._table_store`), so a later process with the same radius reads them.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ import numpy as np
 from fbands import _cache, _solver, symbolic
 from fbands._solver import LP_CLOSED
 from fbands.backends import _numba_template as template
-from fbands.backends import numpy_backend
+from fbands.backends import _table_store, numpy_backend
 from fbands.bands import NumpyInputs, invalid_masks, raise_invalid
 from fbands.errors import BandError
 
@@ -411,12 +412,27 @@ def tables(div, delta: float, layout: str = "float64") -> dict[bool, Table]:
         if found is not None:
             _TABLES.move_to_end(key)
             return found
-    built = build_tables(div, delta, layout)
+    built = _stored_or_built(div, delta, layout)
     with _LOCK:
         _TABLES[key] = built
         while len(_TABLES) > MAX_TABLES:
             _TABLES.popitem(last=False)
     return built
+
+
+def _stored_or_built(div, delta: float, layout: str) -> dict[bool, Table]:
+    """The tables from the private cache (:mod:`._table_store`: verified arrays, no pickle)
+    when an earlier process built them with the same kernels and code, else built here and
+    stored."""
+    kbits = LAYOUTS[layout]["kbits"]
+    k = _table_store.key(kernels(div).__name__, delta,
+                         f"{layout} {sorted(LAYOUTS[layout].items())} {SUBBITS} {NB_LO} {NB_HI}")
+    cells = ((NB_LO + NB_HI) << kbits) + 2
+    found = _table_store.load(k, kbits, cells, ROW, Table)
+    if found is None:
+        found = build_tables(div, delta, layout)
+        _table_store.store(k, found)
+    return found
 
 
 # ----------------------------------------------------------------------------- backend

@@ -1,0 +1,138 @@
+"""The numba backend's interpolation tables on disk, so that a fresh process reads them.
+
+Building the tables of one ``(divergence, delta, layout)`` solves a few hundred thousand
+points exactly (a second or more on a small machine); each fresh process with the same
+radius (every Ray worker of a training job) would pay it again.  They are stored in the
+private cache directory (:func:`fbands._cache.private_dir`, ``tables/``) as plain numeric
+arrays (``.npz``, read with ``allow_pickle=False``), next to a JSON record (checked by
+:func:`fbands._cache.read_json`) that holds the archive's sha256 and size: an archive is
+loaded only when its bytes hash to the recorded value, and its arrays have the expected
+types and shapes.  The key hashes the generated kernel module's name (itself a hash of its
+source), the code that builds tables, numpy's version, ``delta`` and the layout.  At most
+:data:`MAX_FILES` archives are kept (least recently used go first).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from fbands import _cache, _solver
+from fbands.backends import numpy_backend
+
+__all__ = ["load", "store", "key"]
+
+#: Archives kept in the directory (a float64 pair is about 9 MB, a float32 pair 2.5 MB).
+MAX_FILES = 32
+
+_CODE: list[str] = []
+
+
+def _code_hash() -> str:
+    if not _CODE:
+        from fbands.backends import numba_backend
+
+        h = hashlib.sha256(f"{np.__version__}\n".encode())
+        for mod in (numba_backend, numpy_backend, _solver):
+            h.update(Path(mod.__file__).read_bytes())
+        _CODE.append(h.hexdigest())
+    return _CODE[0]
+
+
+def key(kernel_module_name: str, delta: float, layout: str) -> str:
+    """Key of the tables built by the kernels of that module at ``delta`` in ``layout``."""
+    text = f"{_code_hash()}\n{kernel_module_name}\n{float(delta)!r}\n{layout}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _read(path: Path, size: int) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        raw = fh.read(size + 1)
+    return raw if len(raw) == size else None
+
+
+def load(k: str, kbits: int, cells: int, row: int, table_cls):
+    """``{log: Table}`` stored under ``k``, or None (absent, damaged or not verified).
+
+    ``cells``: the length of ``cells_info`` the layout has; ``row``: coefficients a row.
+    Every row index a cell can reach is checked to lie inside the table (the kernels read
+    without bounds checks)."""
+    store = _cache.private_dir("tables")
+    if store is None:
+        return None
+    meta = _cache.read_json(store / f"{k}.json", k)
+    if not isinstance(meta, dict) or not isinstance(meta.get("size"), int):
+        return None
+    raw = _read(store / f"{k}.npz", meta["size"])
+    if raw is None or hashlib.sha256(raw).hexdigest() != meta.get("sha256"):
+        return None
+    try:
+        with np.load(io.BytesIO(raw), allow_pickle=False) as z:
+            arrays = {name: z[name] for name in ("info", "coef_log", "code_log",
+                                                 "coef_ratio", "code_ratio")}
+    except (OSError, ValueError, KeyError):
+        return None
+    info = arrays["info"]
+    if info.dtype != np.int64 or info.shape != (cells,):
+        return None
+    out = {}
+    for log, tag in ((True, "log"), (False, "ratio")):
+        coef, code = arrays[f"coef_{tag}"], arrays[f"code_{tag}"]
+        if (coef.dtype != np.float64 or code.dtype != np.int32 or coef.ndim != 1
+                or code.ndim != 1 or coef.size != code.size * row):
+            return None
+        first, extra = info >> 4, info & 15
+        if first.min() < 0 or extra.max() > 15 or (first + (1 << extra)).max() > code.size:
+            return None
+        out[log] = table_cls(kbits, coef, code, info)
+    try:
+        os.utime(store / f"{k}.npz")  # recently used
+    except OSError:
+        pass
+    return out
+
+
+def store(k: str, tables) -> bool:
+    """Write ``tables`` (``{log: Table}``) under ``k``; False when it could not."""
+    directory = _cache.private_dir("tables")
+    if directory is None:
+        return False
+    buf = io.BytesIO()
+    np.savez(buf, info=tables[True].cells_info, coef_log=tables[True].coef,
+             code_log=tables[True].row_code, coef_ratio=tables[False].coef,
+             code_ratio=tables[False].row_code)
+    raw = buf.getvalue()
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".npz")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(raw)
+            os.replace(tmp, directory / f"{k}.npz")
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        return False
+    ok = _cache.write_json(directory / f"{k}.json", k,
+                           {"sha256": hashlib.sha256(raw).hexdigest(), "size": len(raw)})
+    _evict(directory)
+    return ok
+
+
+def _evict(directory: Path) -> None:
+    try:
+        archives = sorted(directory.glob("*.npz"), key=lambda p: p.stat().st_mtime)
+        for old in archives[: max(0, len(archives) - MAX_FILES)]:
+            old.unlink(missing_ok=True)
+            old.with_suffix(".json").unlink(missing_ok=True)
+    except OSError:
+        pass
