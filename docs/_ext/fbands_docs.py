@@ -527,6 +527,7 @@ def write_theory_figures(outdir: Path = GENERATED) -> list[Path]:
     paths.append(plotting.plot_two_point(figdir / "two_point.png"))
     paths.append(plotting.plot_saturation_map(SATURATION_DIVS, figdir / "saturation.png"))
     paths.append(plotting.plot_rstar(RSTAR_DIVS, figdir / "rstar.png"))
+    paths.append(plotting.plot_soft_clip(figdir / "soft_clip.png", lower=0.8, upper=1.5))
     return paths
 
 
