@@ -66,8 +66,17 @@ def plot_bands(divs, delta: float, output: str | Path, *, p_min: float = 1e-4) -
     for ax in (ax_r, ax_dp):
         ax.grid(True, which="both", alpha=0.3)
     ax_dp.legend(fontsize=8, loc="upper left")
+    return _save(fig, output, dpi=120, tight=False)
+
+
+def _save(fig, output: str | Path, *, tight: bool = True, rect=None, dpi=None) -> Path:
+    """Lay out, write and close ``fig``; returns ``output`` as a Path."""
+    import matplotlib.pyplot as plt
+
+    if tight:
+        fig.tight_layout(**({"rect": rect} if rect else {}))
     output = Path(output)
-    fig.savefig(output, dpi=120)
+    fig.savefig(output, **({"dpi": dpi} if dpi else {}))
     plt.close(fig)
     return output
 
@@ -137,11 +146,7 @@ def plot_gain(
     ax.set_ylim(eps * p[0] / 2, 1.0)
     ax.grid(True, which="major", lw=0.4, alpha=0.6)
     ax.legend(fontsize=7.5, loc="lower right")
-    fig.tight_layout()
-    output = Path(output)
-    fig.savefig(output)
-    plt.close(fig)
-    return output
+    return _save(fig, output)
 
 
 def plot_two_point(output: str | Path, *, p: float = 0.2, r: float = 2.5, n: int = 8,
@@ -177,11 +182,7 @@ def plot_two_point(output: str | Path, *, p: float = 0.2, r: float = 2.5, n: int
     ax.set_ylabel("probability")
     ax.set_title("two-point reduction: the cheapest way to give token a the ratio r")
     ax.legend(fontsize=8, loc="upper right")
-    fig.tight_layout()
-    output = Path(output)
-    fig.savefig(output)
-    plt.close(fig)
-    return output
+    return _save(fig, output)
 
 
 def plot_saturation_map(divs, output: str | Path, *, p_min: float = 1e-3,
@@ -226,11 +227,7 @@ def plot_saturation_map(divs, output: str | Path, *, p_min: float = 1e-3,
     handles = [plt.Rectangle((0, 0), 1, 1, color=cmap(i), ec="0.5") for i in range(4)]
     fig.legend(handles, ["no edge saturates", "lower edge = 0", "upper edge = 1/p", "both"],
                loc="lower center", ncol=4, fontsize=7.5, frameon=False)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    output = Path(output)
-    fig.savefig(output)
-    plt.close(fig)
-    return output
+    return _save(fig, output, rect=(0, 0.06, 1, 1))
 
 
 def plot_rstar(divs, output: str | Path, *, deltas=None) -> Path:
@@ -258,11 +255,7 @@ def plot_rstar(divs, output: str | Path, *, deltas=None) -> Path:
     ax.set_ylim(-0.02, 1.02)
     ax.grid(True, lw=0.4, alpha=0.6)
     ax.legend(fontsize=8, loc="lower left")
-    fig.tight_layout()
-    output = Path(output)
-    fig.savefig(output)
-    plt.close(fig)
-    return output
+    return _save(fig, output)
 
 
 def plot_soft_clip(output: str | Path, *, lower: float = 0.8, upper: float = 1.5,
@@ -313,8 +306,4 @@ def plot_soft_clip(output: str | Path, *, lower: float = 0.8, upper: float = 1.5
     ax.set(ylabel="s(r)", title=f"clipped ratio, band [{lower:g}, {upper:g}]")
     ax2.set(ylabel="ds/dr", title="slope (gradient kept)")
     ax.legend(fontsize=7.5, loc="upper left")
-    fig.tight_layout()
-    output = Path(output)
-    fig.savefig(output)
-    plt.close(fig)
-    return output
+    return _save(fig, output)
