@@ -325,9 +325,9 @@ def main(argv=None) -> int:
     p.add_argument("--eval-prompts", type=int, default=16)
     p.add_argument("--threads", type=int, default=1)
     p.set_defaults(func=passrates)
-    p = sub.add_parser("runs", help="clip vs band-kl, several seeds")
+    p = sub.add_parser("runs", help="clip, band-kl and Clip-Higher, several seeds")
     p.add_argument("--task", default="verify", choices=CHAT_TASKS)
-    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--steps", type=int, default=6)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--out", default="runs/llm_bench", help="folder of the run folders")
     p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS),
