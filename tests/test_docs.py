@@ -70,12 +70,12 @@ def test_theory_figures_are_written(tmp_path):
     paths = fbands_docs.write_theory_figures(tmp_path)
     assert [p.name for p in paths] == [
         "g_function.png", "related_methods.png", "gain.png", "two_point.png", "saturation.png",
-        "rstar.png",
+        "rstar.png", "soft_clip.png",
     ]
     pages = "".join(
         (DOCS / page).read_text()
         for page in ("index.md", "theory/band.md", "theory/related.md", "theory/limits.md",
-                     "theory/closed_forms.md")
+                     "theory/closed_forms.md", "guides/choosing_delta.md")
     )
     for path in paths:
         assert path.is_file() and path.stat().st_size > 1000
