@@ -392,3 +392,25 @@ def test_resume_accepts_other_spellings_of_the_run_dir(tmp_path, monkeypatch):
         assert fbands_main(argv) == 0, spelling
     _, rows = load_run(tmp_path / "r3")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
+
+
+def test_a_damaged_warm_start_cache_is_trained_again(tmp_path):
+    """A truncated or foreign cache file is never trusted: the warm start is redone and the
+    file replaced by a good one."""
+    from fbands.rl import model as rl_model
+
+    cfg = small(tmp_path, warm_start_steps=3)
+    task = make_task(cfg)
+    model, codec = load_policy(cfg, task, log=quiet)
+    rl_model.warm_start(model, codec, task, cfg, "cpu", log=quiet)
+    (cached,) = (tmp_path / "cache").glob("warmstart-*.pt")
+    good = torch.load(cached, weights_only=True)
+    messages = []
+    for damage in (b"", cached.read_bytes()[:100], b"not a checkpoint"):
+        cached.write_bytes(damage)
+        model, codec = load_policy(cfg, task, log=quiet)
+        note = rl_model.warm_start(model, codec, task, cfg, "cpu", log=messages.append)
+        assert "loaded" not in note
+        reread = torch.load(cached, weights_only=True)
+        assert {k: v.shape for k, v in reread.items()} == {k: v.shape for k, v in good.items()}
+    assert sum("ignoring the unreadable cache file" in m for m in messages) == 3

@@ -283,8 +283,12 @@ def warm_start(model, codec: Codec, task, cfg, device, log=print) -> str:
     cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
     path = cache / f"warmstart-{cfg.task}-{cfg.warm_start_key()}.pt"
     if path.is_file():
-        model.load_state_dict(torch.load(path, map_location=device, weights_only=True))
-        return f"warm start: loaded {path}"
+        try:
+            model.load_state_dict(torch.load(path, map_location=device, weights_only=True))
+            return f"warm start: loaded {path}"
+        except Exception as err:  # noqa: BLE001 - any damage (truncated, foreign, wrong shape)
+            log(f"warm start: ignoring the unreadable cache file {path} "
+                f"({type(err).__name__}); training again")
 
     rng = np.random.default_rng([cfg.warm_start_seed, 7])
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.warm_start_lr, weight_decay=0.0)
