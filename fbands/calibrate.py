@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from fbands.bands import _raise_first
 from fbands.divergences import Divergence, get
 from fbands.errors import BandError
 
@@ -112,12 +113,12 @@ def calibrate_delta(
         raise BandError(f"eps of shape {e.shape} does not broadcast against p of shape "
                         f"{x.shape}") from err
     top = 1.0 if side == "lower" else math.inf
-    _check(~((e >= 0) & (e <= top)), e, "eps", "[0, 1]" if side == "lower" else "[0, inf)")
-    _check(~((x > 0) & (x <= 1)), x, "p", "(0, 1]")
+    _raise_first(~((e >= 0) & (e <= top)), e, "eps", "[0, 1]" if side == "lower" else "[0, inf)")
+    _raise_first(~((x > 0) & (x <= 1)), x, "p", "(0, 1]")
     with np.errstate(all="ignore"):
         out = _radius(divergence, e, x, side)
     if unreachable == "raise":
-        _check(np.isposinf(out) & (side == "upper"), e, "eps",
+        _raise_first(np.isposinf(out) & (side == "upper"), e, "eps",
                "reach of the band (1 + eps <= 1/p)")
     return float(out) if scalar else out
 
@@ -130,13 +131,6 @@ def _as_array(value: Any, name: str) -> np.ndarray:
     except (TypeError, ValueError) as err:
         raise BandError(f"{name} must be a number or an array of numbers: {err}") from err
     return arr
-
-
-def _check(mask: np.ndarray, values: np.ndarray, name: str, domain: str) -> None:
-    if mask.any():
-        idx = np.unravel_index(int(np.argmax(mask)), mask.shape) if mask.ndim else ()
-        where = f" at index {tuple(int(i) for i in idx)}" if mask.ndim else ""
-        raise BandError(f"{name} must lie in {domain}; got {float(values[idx])!r}{where}")
 
 
 def _radius(div: Divergence, eps: np.ndarray, p: np.ndarray, side: str) -> np.ndarray:
