@@ -62,6 +62,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before numpy, torch or numba load
 
 import argparse  # noqa: E402
+import inspect  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import shutil  # noqa: E402
@@ -267,18 +268,32 @@ def cases(quick: bool):
                     yield backend, div, dtype, size, "llm"
 
 
-def _torch_route(backend: str):
-    """Point CPU tensors at the path a ``torch*`` row times; returns the undo."""
+#: The torch backend's path that a ``torch-*`` row forces (``torch`` takes the automatic
+#: choice, which hands CPU tensors to numba).
+TORCH_PATHS = {"torch-table": "device-table", "torch-native": "device-solver"}
+
+
+def _torch_call(backend: str, t, div: str):
+    """The call a ``torch*`` row times, on the CPU tensor ``t``."""
+    if backend == "torch":
+        return lambda: fbands.bounds(t, DELTA, div)
     from fbands.backends import torch_backend
 
-    saved = torch_backend.CPU_KERNEL, torch_backend.USE_TABLES
-    torch_backend.CPU_KERNEL = "numba" if backend == "torch" else "torch"
-    torch_backend.USE_TABLES = backend != "torch-native"
+    d = fbands.get(div)
+    path = TORCH_PATHS[backend]
+    if "path" in inspect.signature(torch_backend.edges).parameters:
+        return lambda: torch_backend.edges(d, t, DELTA, logp=False, invalid="raise",
+                                           check=True, path=path)
 
-    def undo():
-        torch_backend.CPU_KERNEL, torch_backend.USE_TABLES = saved
+    def legacy():  # the module switches that ``path=`` replaces
+        saved = torch_backend.CPU_KERNEL, torch_backend.USE_TABLES
+        torch_backend.CPU_KERNEL, torch_backend.USE_TABLES = "torch", path == "device-table"
+        try:
+            return fbands.bounds(t, DELTA, div)
+        finally:
+            torch_backend.CPU_KERNEL, torch_backend.USE_TABLES = saved
 
-    return undo
+    return legacy
 
 
 def _print_row(row: dict) -> None:
@@ -318,20 +333,14 @@ def run_main(quick: bool) -> list[dict]:
                                  "size": size, "data": dist, "ns_per_token": secs / n * 1e9})
                     _print_row(rows[-1])
         _, bis_s = refs[(div, dtype, size, dist)]
-        undo = None
         if backend in ("numba", "numpy"):
             fn = lambda p=p, d=div, b=backend: fbands.bounds(p, DELTA, d, backend=b)  # noqa: E731
         elif backend == "div+sqrt":
             fn = lambda p=p: div_sqrt_floor(p, DELTA)  # noqa: E731
         else:
-            undo = _torch_route(backend)
-            fn = lambda t=t_p, d=div: fbands.bounds(t, DELTA, d)  # noqa: E731
-        try:
-            secs, copy_beside = timeit(fn, 1 if backend in ("numpy", "torch-native") else repeat,
-                                       beside=lambda p=p: p.copy())
-        finally:
-            if undo is not None:
-                undo()
+            fn = _torch_call(backend, t_p, div)
+        secs, copy_beside = timeit(fn, 1 if backend in ("numpy", "torch-native") else repeat,
+                                   beside=lambda p=p: p.copy())
         row = {"backend": backend, "div": div, "dtype": dtype, "n": n, "size": size,
                "data": dist, "ns_per_token": secs / n * 1e9, "x_copy": secs / copy_beside}
         if bis_s is not None:
@@ -382,10 +391,11 @@ def _mean_call(fn, calls: int) -> float:
 def run_delta_schedule(n: int, quick: bool) -> dict:
     """numba, KL, float32: a new scalar delta every call against one fixed delta.
 
-    Blocks of ``calls`` calls: fixed, schedule, fixed (the better fixed block is the
-    reference, so a schedule that evicts the fixed delta's tables is not hidden).  Each
-    block starts with one untimed call (for the schedule, with a delta of its own), so the
-    one-off loading of kernels is not counted."""
+    Blocks of ``calls`` calls: fixed, schedule, fixed.  The VM's speed drifts between
+    seconds: the fixed blocks on either side bracket the schedule, and the faster of them
+    is the reference (the stricter ratio).  Each block starts with one untimed call (for
+    the schedule, with a delta of its own), so one-off loading of kernels and tables is not
+    counted."""
     calls = 5 if quick else 20
     p = make_p(n, np.float32, "llm")
     offset = np.random.default_rng().uniform(0.0, 1.0)  # fresh entropy: new to this run
