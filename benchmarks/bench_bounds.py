@@ -196,12 +196,11 @@ def div_sqrt_floor(p: np.ndarray, delta: float):
 # ----------------------------------------------------------------------------- timing
 
 
-def timeit(fn, repeat: int, beside=None):
-    """Best of ``repeat`` timed calls after a warm-up call (compilation, table building):
-    on a shared virtual machine the minimum is what the code costs, the rest is the
-    neighbours.  With ``beside``, that function is timed too, alternating with ``fn``
-    call for call, and both best times are returned."""
-    fns = (fn,) if beside is None else (fn, beside)
+def round_robin(fns, repeat: int) -> list[float]:
+    """Best of ``repeat`` timed calls of each of ``fns`` after a warm-up call of each
+    (compilation, table building), the functions taking turns call for call: on a shared
+    virtual machine the minimum is what the code costs, the rest is the neighbours, and
+    taking turns puts every function at the same moments of a speed that drifts."""
     times = [[] for _ in fns]
     for f in fns:
         f()
@@ -210,8 +209,14 @@ def timeit(fn, repeat: int, beside=None):
             t0 = time.perf_counter()
             f()
             t.append(time.perf_counter() - t0)
-    best = [float(np.min(t)) for t in times]
-    return best[0] if beside is None else tuple(best)
+    return [float(np.min(t)) for t in times]
+
+
+def timeit(fn, repeat: int, beside=None):
+    """:func:`round_robin` of ``fn`` (its best time), or of ``fn`` and ``beside`` (both)."""
+    if beside is None:
+        return round_robin([fn], repeat)[0]
+    return tuple(round_robin([fn, beside], repeat))
 
 
 def machine() -> dict:
@@ -359,24 +364,24 @@ def run_distributions(n: int, quick: bool) -> list[dict]:
 
     rows = []
     for dtype in ("float32", "float64"):
-        for dist in DISTRIBUTIONS:
-            p = make_p(n, np.dtype(dtype), dist)
-            secs, copy_s = timeit(lambda p=p: fbands.bounds(p, DELTA, "kl", backend="numba"),
-                                  5 if quick else 15, beside=lambda p=p: p.copy())
+        data = [make_p(n, np.dtype(dtype), dist) for dist in DISTRIBUTIONS]
+        fns = []
+        for p in data:  # the solver and a copy of each distribution, taking turns
+            fns += [lambda p=p: fbands.bounds(p, DELTA, "kl", backend="numba"),
+                    lambda p=p: p.copy()]
+        best = round_robin(fns, 5 if quick else 15)
+        fastest = min(best[0::2])
+        for dist, p, secs, copy_s in zip(DISTRIBUTIONS, data, best[0::2], best[1::2],
+                                         strict=True):
             t_p = torch.from_numpy(p)
             bis_s = timeit(lambda t=t_p: bisection_reference(t, DELTA, "kl"), 1)
             rows.append({"dist": dist, "dtype": dtype, "n": n,
-                         "ns_per_token": secs / n * 1e9, "x_copy": secs / copy_s,
-                         "bisection_ns_per_token": bis_s / n * 1e9,
+                         "ns_per_token": secs / n * 1e9, "x_best": secs / fastest,
+                         "x_copy": secs / copy_s, "bisection_ns_per_token": bis_s / n * 1e9,
                          "speedup_vs_bisection": bis_s / secs})
             print(f"{'numba kl':>13} {dtype:>8} {dist:>18}: {secs / n * 1e9:9.2f} ns/token"
-                  f"  {bis_s / secs:7.1f}x vs bisection  {secs / copy_s:6.1f}x copy",
-                  flush=True)
-    for dtype in ("float32", "float64"):
-        best = min(r["ns_per_token"] for r in rows if r["dtype"] == dtype)
-        for r in rows:
-            if r["dtype"] == dtype:
-                r["x_best"] = r["ns_per_token"] / best
+                  f"  {secs / fastest:6.2f}x best  {bis_s / secs:7.1f}x vs bisection"
+                  f"  {secs / copy_s:6.1f}x copy", flush=True)
     return rows
 
 
@@ -548,7 +553,8 @@ def markdown(report: dict) -> str:
             f"## p distributions (numba, KL, {_size(report['tokens'])} tokens)",
             "",
             "`x best`: the time over the fastest distribution of the same dtype.  Best of 15 "
-            "calls (quick: 5) after a warm-up call; the bisection: 1 call after a warm-up.",
+            "calls (quick: 5) after a warm-up call, the six distributions of a dtype and "
+            "their copies taking turns call for call; the bisection: 1 call after a warm-up.",
             "",
             "| dtype | p | ns/token | x best | bisection ns/token | speed-up vs bisection "
             "| x copy |",
