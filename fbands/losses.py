@@ -81,6 +81,7 @@ __all__ = [
     "precompute_band",
     "preset",
     "soft_clip",
+    "soft_options",
 ]
 
 METHODS = (
@@ -865,6 +866,49 @@ def _soft_clip_form(logratio, adv, log_lo, log_hi, cfg):
     else:
         dual = torch.zeros_like(upper)
     return -adv * v, upper, lower, dual, torch.zeros_like(upper)
+
+
+def soft_options(soft=None, soft_k=None, soft_width=None, *, prefix: str = "") -> dict:
+    """The :class:`LossConfig` fields of a soft clip chosen by a trainer's options.
+
+    The trainers (``fbands train``, TRL, verl) expose ``soft``, ``soft_k`` and
+    ``soft_width`` with ``None`` meaning "not given"; this reads them the same way
+    everywhere.  ``soft`` is ``None`` or ``""`` (the hard clip) or one of
+    :data:`SOFT_FORMS`; ``soft_k`` may only be given with ``tanh2`` and ``soft_width`` only
+    with ``smooth3`` (a value the chosen form ignores is a mistake, not a no-op).  Values
+    left ``None`` keep :class:`LossConfig`'s defaults.  ``prefix`` is put before each name
+    in the messages (``"band_"``, ``"policy_loss."``).
+
+    Raises
+    ------
+    LossError
+        For an unknown form, or ``soft_k`` / ``soft_width`` given for a form without it.
+
+    Examples
+    --------
+    >>> soft_options("tanh2", soft_k=2.0)
+    {'soft': 'tanh2', 'soft_k': 2.0}
+    >>> soft_options("", None, None)
+    {'soft': None}
+    >>> soft_options("tanh1", soft_width=0.5)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    fbands.errors.LossError: soft_width=0.5 applies to soft='smooth3' only, not soft='tanh1'
+    """
+    if soft == "":
+        soft = None
+    if soft is not None and soft not in SOFT_FORMS:
+        raise LossError(f"{prefix}soft={soft!r}: expected one of {', '.join(SOFT_FORMS)}, "
+                        "or none for the hard clip")
+    fields = {"soft": soft}
+    for name, value, form in (("soft_k", soft_k, "tanh2"), ("soft_width", soft_width, "smooth3")):
+        if value is None:
+            continue
+        if soft != form:
+            raise LossError(f"{prefix}{name}={value!r} applies to {prefix}soft={form!r} only, "
+                            f"not {prefix}soft={soft!r}")
+        fields[name] = value
+    return fields
 
 
 def _band_mask(logratio, logp, adv, log_lo, log_hi, cfg):

@@ -298,10 +298,57 @@ def test_trl_trainer_follows_the_schedule(tmp_path):
     torch.testing.assert_close(buffered["fbands_log_upper"], want.log_upper)
 
 
+def test_trl_adaptive_radius_follows_its_rule_and_resumes(tmp_path):
+    """adaptive: the radius is updated at each new generation batch from the mean k3 of the
+    last pass over the previous one, by AdaptiveDelta's rule; it survives a resume."""
+    pytest.importorskip("trl")
+    import json
+    import warnings
+
+    from .test_trl import make_trainer
+
+    spec = "adaptive:1e-4:0.01:0.002:0.05"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = make_trainer(tmp_path, max_steps=6, band_delta_schedule=spec,
+                               save_strategy="steps", save_steps=2)
+        trainer.train()
+    logs = [e for e in trainer.state.log_history if "band/delta" in e]
+    assert len(logs) == 6 and logs[0]["band/delta"] == 0.01
+    # Generation batches at optimizer steps 0, 2, 4 (num_iterations=2, one micro-batch per
+    # step): the second step of each is its last pass, and the next batch's first step logs
+    # the update.
+    for k in (2, 4):
+        measured, delta = logs[k]["band/measured_kl"], logs[k - 1]["band/delta"]
+        assert measured == pytest.approx(logs[k - 1]["band/approx_kl_k3"], rel=1e-12)
+        want = (delta / 1.5 if measured > 1.5e-4 else delta * 1.5 if measured < 1e-4 / 1.5
+                else delta)
+        want = min(max(want, 0.002), 0.05)
+        assert logs[k]["band/delta_next"] == pytest.approx(want, rel=1e-12)
+        assert logs[k]["band/delta"] == logs[k + 1]["band/delta"] == logs[k]["band/delta_next"]
+        assert "band/measured_kl" not in logs[k - 1]
+    assert len({e["band/delta"] for e in logs}) > 1  # it moved
+    saved = json.loads((tmp_path / "checkpoint-4" / "fbands_delta.json").read_text())
+    assert saved["delta"] == logs[3]["band/delta"]  # after the last pass of the 2nd batch
+    assert saved["pending_kl"] == [pytest.approx(logs[3]["band/approx_kl_k3"], rel=1e-12)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        again = make_trainer(tmp_path, max_steps=6, band_delta_schedule=spec,
+                             save_strategy="steps", save_steps=2)
+        again._load_from_checkpoint(str(tmp_path / "checkpoint-4"))
+    assert again.band_schedule.delta == saved["delta"]
+    assert again._band_kl == saved["pending_kl"]
+    (tmp_path / "checkpoint-4" / "fbands_delta.json").write_text('{"delta": "x"}')
+    from fbands.integrations.trl import TRLBandError
+
+    with pytest.raises(TRLBandError, match="is not a saved adaptive radius"):
+        again._load_from_checkpoint(str(tmp_path / "checkpoint-4"))
+
+
 @pytest.mark.parametrize(
     "text, match",
     [
-        ("adaptive:0.01", "adaptive radius is supported by fbands train only"),
+        ("adaptive:0.01:0.05:0.01", "band_delta_schedule='adaptive:0.01:0.05:0.01': .*has 3"),
         ("cosine:0.1", "band_delta_schedule='cosine:0.1': .*has 1 field"),
     ],
 )

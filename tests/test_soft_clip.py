@@ -184,3 +184,208 @@ def test_plot_soft_clip_writes_a_png(tmp_path):
 
     out = plot_soft_clip(tmp_path / "soft.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- the soft clip on the trainers' surfaces: fbands train, TRL, verl -----------------------
+@pytest.mark.parametrize(
+    "args, want",
+    [
+        ((None, None, None), {"soft": None}),
+        (("", None, None), {"soft": None}),
+        (("tanh1", None, None), {"soft": "tanh1"}),
+        (("tanh2", 2.0, None), {"soft": "tanh2", "soft_k": 2.0}),
+        (("smooth3", None, 0.5), {"soft": "smooth3", "soft_width": 0.5}),
+    ],
+)
+def test_soft_options(args, want):
+    from fbands.losses import soft_options
+
+    assert soft_options(*args) == want
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (("tanh3", None, None), r"soft='tanh3': expected one of tanh1, tanh2, smooth3"),
+        ((None, 2.0, None), r"soft_k=2.0 applies to soft='tanh2' only, not soft=None"),
+        (("smooth3", 2.0, None), r"soft_k=2.0 applies to soft='tanh2' only"),
+        (("tanh2", None, 0.5), r"soft_width=0.5 applies to soft='smooth3' only"),
+    ],
+)
+def test_soft_options_errors(args, match):
+    from fbands.losses import soft_options
+
+    with pytest.raises(LossError, match=match):
+        soft_options(*args)
+
+
+def _record(monkeypatch, module):
+    """Wrap ``module.policy_loss`` so that every call's inputs and loss are kept."""
+    calls, real = [], module.policy_loss
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        detached = tuple(x.detach() if torch.is_tensor(x) else x for x in args)
+        calls.append((detached, kwargs, out[0].detach()))
+        return out
+
+    monkeypatch.setattr(module, "policy_loss", spy)
+    return calls
+
+
+def _recompute(calls, cfg):
+    """For each recorded call, fbands.losses' loss of ``cfg`` on the same tensors."""
+    return [policy_loss(*args[:4], cfg, *args[5:], **kwargs)[0] for args, kwargs, _ in calls]
+
+
+def test_trainer_config_and_cli_soft(tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("tqdm")
+    from fbands.errors import ConfigError
+    from fbands.losses import preset
+    from fbands.rl.cli import _config_from_args, register
+    from fbands.rl.config import TrainConfig
+
+    assert TrainConfig(soft="smooth3", soft_width=0.5).validate().loss_config() == preset(
+        "band-kl", soft="smooth3", soft_width=0.5)
+    assert TrainConfig().loss_config().soft is None
+    assert TrainConfig(soft="").loss_config() == TrainConfig().loss_config()
+    assert TrainConfig.from_dict({"soft": "tanh2", "soft_k": 3}).loss_config().soft_k == 3
+    for kwargs, match in [
+        ({"soft": "tanh9"}, r"^soft='tanh9': expected one of"),
+        ({"soft_k": 2.0}, r"^soft_k=2.0 applies to soft='tanh2' only"),
+        ({"soft": "tanh1", "soft_width": 0.5}, r"^soft_width=0.5 applies to soft='smooth3'"),
+        ({"soft": "tanh2", "soft_k": 0.0}, r"^soft_k=0.0: must be a finite number"),
+        ({"soft": "tanh2", "soft_k": True}, r"^soft_k=True: must be a finite number"),
+        ({"soft": 1}, r"^soft=1: must be a string"),
+        ({"soft": "tanh1", "loss": "band-mask-kl"}, r"applies to the clip-form methods"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            TrainConfig(**kwargs).validate()
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="cmd"))
+    args = parser.parse_args(["train", "--run-dir", str(tmp_path / "r"), "--soft", "tanh2",
+                              "--soft-k", "2.5"])
+    cfg = _config_from_args(args)
+    assert (cfg.soft, cfg.soft_k, cfg.soft_width) == ("tanh2", 2.5, None)
+
+
+def test_trainer_builds_the_soft_loss(tmp_path, monkeypatch):
+    """Every update's loss equals fbands.losses' soft loss on the same tensors, and differs
+    from the hard clip's on some update (a tiny radius and a large step put tokens outside)."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("tqdm")
+    from fbands.losses import preset
+    from fbands.rl import train as rl_train
+    from fbands.rl.config import TrainConfig
+
+    cfg = TrainConfig(run_dir=str(tmp_path / "run"), cache_dir=str(tmp_path / "cache"),
+                      steps=1, prompts_per_step=4, group_size=4, ppo_epochs=2, minibatches=2,
+                      warm_start_steps=5, tiny_d_model=32, eval_every=0, progress=False,
+                      delta=1e-3, lr=1e-2, soft="tanh2", soft_k=2.0)
+    task = rl_train.make_task(cfg)  # a reward that differs within groups: some A != 0
+    monkeypatch.setattr(task, "reward", lambda _p, text: float(sum(map(ord, text)) % 2))
+    monkeypatch.setattr(rl_train, "make_task", lambda _cfg: task)
+    calls = _record(monkeypatch, rl_train)
+    messages = []
+    rl_train.train(cfg, log=messages.append)
+    assert any(m.startswith("soft clip: tanh2 (soft_k=2.0") for m in messages)
+    assert len(calls) == 4 and all(a[4].soft == "tanh2" for a, _, _ in calls)
+    soft = _recompute(calls, preset("band-kl", delta=1e-3, soft="tanh2", soft_k=2.0))
+    hard = _recompute(calls, preset("band-kl", delta=1e-3))
+    for (_, _, got), want in zip(calls, soft, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert any(abs(float(s) - float(h)) > 1e-6 for s, h in zip(soft, hard, strict=True))
+
+
+def test_trl_config_and_trainer_soft(tmp_path, monkeypatch):
+    pytest.importorskip("trl")
+    import warnings
+
+    from fbands import losses as fl
+    from fbands.errors import ConfigError
+    from fbands.integrations.trl import TRLBandError
+
+    from .test_trl import make_args, make_trainer
+
+    cfg = make_args(tmp_path, band_soft="smooth3", band_soft_width="0.5").band_loss_config()
+    assert (cfg.soft, cfg.soft_width, cfg.soft_k) == ("smooth3", 0.5, 1.0)
+    assert make_args(tmp_path).band_loss_config().soft is None
+    for options, match in [
+        ({"band_soft": "soft"}, r"band_soft='soft': expected one of tanh1, tanh2, smooth3"),
+        ({"band_soft_k": 2.0}, r"band_soft_k=2.0 applies to band_soft='tanh2' only"),
+        ({"band_soft": "tanh2", "band_soft_width": 1.0}, r"band_soft_width=1.0 applies to"),
+        ({"band_soft": 2}, r"band_soft=2 must be a string"),
+    ]:
+        with pytest.raises(TRLBandError, match=match):
+            make_args(tmp_path, **options)
+    with pytest.raises(ConfigError, match=r"band_soft_k must be a number, got True"):
+        make_args(tmp_path, band_soft="tanh2", band_soft_k=True)
+    with pytest.raises(fl.LossError, match="applies to the clip-form methods"):
+        make_args(tmp_path, band_method="band_mask", band_soft="tanh1")
+
+    calls = _record(monkeypatch, fl)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = make_trainer(tmp_path, band_soft="tanh1", band_delta=1e-3)
+        trainer.train()
+    assert calls and all(a[4].soft == "tanh1" for a, _, _ in calls)
+    want_cfg = fl.LossConfig(method="band_clip", div="kl", delta=1e-3, agg="token-sum",
+                             soft="tanh1")
+    soft = _recompute(calls, want_cfg)
+    hard = _recompute(calls, dataclasses_replace(want_cfg, soft=None))
+    for (_, _, got), want in zip(calls, soft, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert any(abs(float(s) - float(h)) > 1e-7 for s, h in zip(soft, hard, strict=True))
+
+
+def dataclasses_replace(obj, **changes):
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)
+
+
+def test_verl_config_and_loss_soft():
+    pytest.importorskip("verl")
+    from fbands import losses as fl
+    from fbands.integrations.verl import (
+        BandPolicyLossConfig,
+        VerlBandError,
+        aggregation_weights,
+        compute_policy_loss,
+        loss_config,
+    )
+
+    cfg = loss_config(BandPolicyLossConfig(loss_mode="band", soft="tanh2", soft_k="2"))
+    assert (cfg.soft, cfg.soft_k) == ("tanh2", 2.0)
+    assert loss_config({"loss_mode": "band"}).soft is None
+    for section, match in [
+        ({"soft": "hard"}, r"policy_loss.soft='hard': expected one of"),
+        ({"soft_width": 0.5}, r"policy_loss.soft_width=0.5 applies to policy_loss.soft="),
+        ({"soft": True}, r"policy_loss.soft=True must be a string"),
+    ]:
+        with pytest.raises(VerlBandError, match=match):
+            loss_config({"loss_mode": "band", **section})
+    with pytest.raises(VerlBandError, match="soft_k=3.0 applies to"):
+        BandPolicyLossConfig(loss_mode="band", soft_k=3.0)
+
+    g = torch.Generator().manual_seed(1)
+    old = torch.log(torch.rand(3, 6, generator=g, dtype=torch.float64) * 0.9 + 0.05)
+    new = (old + 0.3 * torch.randn(3, 6, generator=g, dtype=torch.float64)).clamp(max=-1e-3)
+    adv = torch.randn(3, 1, generator=g, dtype=torch.float64).expand(3, 6)
+    mask = torch.ones(3, 6)
+    mask[2, 4:] = 0
+    config = {"policy_loss": {"loss_mode": "band", "div": "kl", "delta": 0.02,
+                              "soft": "smooth3", "soft_width": 0.4}}
+    got, metrics = compute_policy_loss("band", old, new.clone().requires_grad_(), adv, mask,
+                                       loss_agg_mode="seq-mean-token-mean", config=config)
+    weights = aggregation_weights(mask, "seq-mean-token-mean", torch.float64)
+    want_cfg = fl.LossConfig(div="kl", delta=0.02, agg="token-sum", soft="smooth3",
+                             soft_width=0.4)
+    want, _ = fl.policy_loss(old, new, adv, weights, want_cfg)
+    hard, _ = fl.policy_loss(old, new, adv, weights, dataclasses_replace(want_cfg, soft=None))
+    torch.testing.assert_close(got.detach(), want, rtol=1e-15, atol=0)
+    assert abs(float(want) - float(hard)) > 1e-4
+    assert metrics["actor/band/delta"] == 0.02

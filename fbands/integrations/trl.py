@@ -16,6 +16,12 @@ comes from :mod:`fbands.losses`. Everything around the per-token loss is TRL's:
 ``band_delta_schedule`` decays the radius over training (:func:`fbands.parse_schedule`:
 ``"cosine:0.1:0.02:1000"``, ...), indexed by TRL's ``state.global_step`` (optimizer
 steps) at the time each generation batch is scored; its band serves every pass over it.
+An ``adaptive:TARGET_KL`` schedule (:class:`fbands.AdaptiveDelta`) is updated when the next
+generation batch is scored, from the KL measured on the previous one: the mean, over the
+micro-batches of its last pass, of the loss's own k3 estimate ``r - 1 - log r`` (logged as
+``band/approx_kl_k3``, the same number on every process); the update is logged as
+``band/measured_kl`` and ``band/delta_next``, and the radius is saved in each checkpoint
+folder (``fbands_delta.json``) and read back on resume.
 
 The band depends only on the old log-probabilities, so it is computed once per
 generation batch and reused by all ``num_iterations`` passes over it.
@@ -49,10 +55,14 @@ A complete script (a small model from the Hugging Face hub)::
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
+import os
 import warnings
 from dataclasses import dataclass, field
 
 import torch
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
@@ -72,6 +82,9 @@ __all__ = [
 #: TRL loss types whose normalisation the band trainer keeps.
 SUPPORTED_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")
 
+# File of a checkpoint folder that holds the adaptive radius.
+_DELTA_FILE = "fbands_delta.json"
+
 # Keys of the generation batch that hold the precomputed band.
 _LOWER, _UPPER = "fbands_log_lower", "fbands_log_upper"
 
@@ -88,6 +101,9 @@ _FORWARD_KEYS = (
     "mm_token_type_ids",
     "image_position_ids",
 )
+
+
+logger = logging.getLogger(__name__)
 
 
 class TRLBandError(ConfigError):
@@ -125,14 +141,27 @@ class BandGRPOConfig(GRPOConfig):
     band_delta_schedule : str
         ``""`` (default) keeps ``band_delta``; otherwise a :func:`fbands.parse_schedule`
         string of a step schedule (``linear``, ``cosine``, ``poly``, ``hold_linear``) over
-        ``state.global_step``.  ``adaptive`` is not supported here (use ``fbands train``).
+        ``state.global_step``, or ``adaptive:TARGET_KL[:START[:LOW:HIGH]]`` (starts from
+        ``band_delta``), steered by the KL measured on each generation batch (see the
+        module docstring).
+    band_soft : str or None
+        ``None`` (default): the hard clip.  ``"tanh1"``, ``"tanh2"`` or ``"smooth3"``: the
+        smooth saturation of :func:`fbands.losses.soft_clip` in its place (clip-form
+        methods, not ``band_mask``, ``band_gppo`` or ``cispo``).
+    band_soft_k : float or None
+        ``band_soft="tanh2"`` only: its slope at ``r = 1`` (unset: 1).
+    band_soft_width : float or None
+        ``band_soft="smooth3"`` only: the room beyond an edge, as a fraction of the
+        edge's distance from 1 (unset: 0.25).
 
     Raises
     ------
     TRLBandError
         For options whose loss a band cannot replace: a ``loss_type`` outside
         :data:`SUPPORTED_LOSS_TYPES`, sequence-level importance sampling, TRL's
-        two-sided ``delta`` (use ``band_dual_clip_c``) and the adaptive entropy bonus.
+        two-sided ``delta`` (use ``band_dual_clip_c``) and the adaptive entropy bonus;
+        an unknown ``band_soft``, or ``band_soft_k`` / ``band_soft_width`` given for a form
+        that has no such parameter.
     fbands.ConfigError
         For a band option of the wrong type (``band_delta=True``, ``band_relax="maybe"``;
         the text ``"false"`` reads as False).
@@ -171,6 +200,19 @@ class BandGRPOConfig(GRPOConfig):
         default="",
         metadata={"help": "Radius over optimizer steps, e.g. 'cosine:0.1:0.02:1000' "
                           "(fbands.parse_schedule); '' keeps band_delta."},
+    )
+    band_soft: str | None = field(
+        default=None,
+        metadata={"help": "Smooth saturation in place of the hard clip: tanh1, tanh2 or "
+                          "smooth3 (fbands.losses.soft_clip); unset: the hard clip."},
+    )
+    band_soft_k: float | None = field(
+        default=None, metadata={"help": "band_soft=tanh2: slope at r = 1 (unset: 1)."}
+    )
+    band_soft_width: float | None = field(
+        default=None,
+        metadata={"help": "band_soft=smooth3: room beyond an edge, as a fraction of its "
+                          "distance from 1 (unset: 0.25)."},
     )
 
     def __post_init__(self) -> None:
@@ -214,9 +256,6 @@ class BandGRPOConfig(GRPOConfig):
             schedule = parse_schedule(text, start=self.band_delta)
         except ConfigError as err:
             raise TRLBandError(f"band_delta_schedule={text!r}: {err}") from err
-        if schedule.adaptive:
-            raise TRLBandError(f"band_delta_schedule={text!r}: an adaptive radius is "
-                               "supported by fbands train only; use a step schedule")
         return schedule
 
     def band_loss_config(self) -> fl.LossConfig:
@@ -229,6 +268,18 @@ class BandGRPOConfig(GRPOConfig):
             per-token weights.
         """
         eps_high = self.epsilon_high if self.epsilon_high is not None else self.epsilon
+        soft = self.band_soft
+        if soft is not None and not isinstance(soft, str):
+            raise TRLBandError(f"band_soft={soft!r} must be a string")
+        try:
+            soft = fl.soft_options(
+                soft,
+                as_float("band_soft_k", self.band_soft_k, optional=True),
+                as_float("band_soft_width", self.band_soft_width, optional=True),
+                prefix="band_",
+            )
+        except fl.LossError as err:
+            raise TRLBandError(str(err)) from err
         return fl.LossConfig(
             method=as_str("band_method", self.band_method),
             div=as_str("band_div", self.band_div),
@@ -241,6 +292,7 @@ class BandGRPOConfig(GRPOConfig):
                                      optional=True),
             truncation=as_float("band_truncation", self.band_truncation),
             agg="token-sum",
+            **soft,
         )
 
 
@@ -271,6 +323,8 @@ class BandGRPOTrainer(GRPOTrainer):
         self.band_config = a.band_loss_config()
         self.band_schedule = a.band_schedule()
         self._band_step_config = self.band_config  # of the latest generation batch
+        self._band_kl: list[float] = []  # k3 of the last pass over the latest batch
+        logger.info("fbands band loss: %s", self.band_config)
         generate_every = a.steps_per_generation * a.num_iterations
         if a.gradient_accumulation_steps % generate_every == 0:
             warnings.warn(
@@ -286,6 +340,12 @@ class BandGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
+        if self.model.training and self._band_kl:  # the previous batch's KL steers the radius
+            measured = sum(self._band_kl) / len(self._band_kl)
+            self._band_kl = []
+            following = self.band_schedule.update(measured)
+            self._metrics["train"]["band/measured_kl"].append(measured)
+            self._metrics["train"]["band/delta_next"].append(following)
         if self.band_schedule is not None:
             self._band_step_config = dataclasses.replace(
                 self.band_config, delta=self.band_schedule(self.state.global_step))
@@ -375,6 +435,32 @@ class BandGRPOTrainer(GRPOTrainer):
             self._metrics[mode]["kl"].append(self._global_masked_mean(per_token_kl, mask))
         return loss
 
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        schedule = self.band_schedule
+        if schedule is not None and schedule.adaptive and self.args.should_save:
+            folder = os.path.join(self._get_output_dir(trial=trial),
+                                  f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            with open(os.path.join(folder, _DELTA_FILE), "w") as f:
+                json.dump({**schedule.state_dict(), "pending_kl": self._band_kl}, f)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        schedule = self.band_schedule
+        path = os.path.join(resume_from_checkpoint, _DELTA_FILE)
+        if schedule is not None and schedule.adaptive and os.path.isfile(path):
+            try:
+                with open(path) as f:
+                    state = json.load(f)
+                schedule.load_state_dict(state)
+                pending = [float(x) for x in state.get("pending_kl", [])]
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                raise TRLBandError(f"{path!r} is not a saved adaptive radius ({err}); "
+                                   "delete it to restart from band_delta") from err
+            self._band_kl = pending
+            logger.info("fbands adaptive radius restored from %s: delta=%s", path,
+                        schedule.delta)
+
     def _normalisation_weights(self, mask, inputs, mode, accumulation):
         r"""Per-token weights :math:`W` of TRL's normalisation for ``loss_type``.
 
@@ -423,5 +509,14 @@ class BandGRPOTrainer(GRPOTrainer):
         values = self.accelerator.gather(values.unsqueeze(0)).mean(0).tolist()
         for name, value in zip(names, values, strict=True):
             m[f"band/{name}"].append(value)
+        schedule = self.band_schedule
+        if mode == "train" and schedule is not None and schedule.adaptive:
+            # The last of the num_iterations passes over the generation batch (self._step
+            # counts micro-batches and is incremented after this call).
+            a = self.args
+            passes = (self._step % (a.steps_per_generation * a.num_iterations)) // (
+                a.steps_per_generation)
+            if passes == a.num_iterations - 1:
+                self._band_kl.append(values[names.index("approx_kl_k3")])
         if self.band_config.method in fl._DIVERGENCE_BAND:
             m["band/delta"].append(self._band_step_config.delta)

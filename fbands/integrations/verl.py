@@ -43,6 +43,7 @@ counter.  The one per-step call carrying the step into the actor's process is
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -82,6 +83,10 @@ LOSS_MODES: dict[str, str | None] = {
 ENTRY_POINT = ("verl.plugins", "fbands", "fbands.integrations.verl")
 
 
+logger = logging.getLogger(__name__)
+_LOGGED: set[fl.LossConfig] = set()  # the configurations already logged by this process
+
+
 class VerlBandError(ConfigError):
     """A verl configuration that the band losses cannot use (a :class:`fbands.ConfigError`)."""
 
@@ -117,11 +122,21 @@ class BandPolicyLossConfig(PolicyLossConfig):
         ``dual_clip_c=${actor_rollout_ref.actor.clip_ratio_c}`` to do the same.
     truncation : float
         The cap ``C`` on the stop-gradient ratio of ``band_mask``.
+    soft : str or None
+        ``None`` (default): the hard clip.  ``"tanh1"``, ``"tanh2"`` or ``"smooth3"``: the
+        smooth saturation of :func:`fbands.losses.soft_clip` in its place (clip-form
+        methods: ``band``, and ``fbands`` with a clip-form ``method``).
+    soft_k : float or None
+        ``soft="tanh2"`` only: its slope at ``r = 1`` (unset: 1).
+    soft_width : float or None
+        ``soft="smooth3"`` only: the room beyond an edge, as a fraction of the edge's
+        distance from 1 (unset: 0.25).
 
     Raises
     ------
     VerlBandError
-        If ``loss_mode`` is not a band loss.
+        If ``loss_mode`` is not a band loss, ``soft`` is not a known form, or ``soft_k`` /
+        ``soft_width`` is given for a form without it.
     fbands.ConfigError
         For a value of the wrong type (``delta=True``, ``relax="maybe"``).
     fbands.DivergenceError, fbands.losses.LossError
@@ -143,6 +158,9 @@ class BandPolicyLossConfig(PolicyLossConfig):
     upper_bound_max: float | None = None
     dual_clip_c: float | None = None
     truncation: float = 10.0
+    soft: str | None = None
+    soft_k: float | None = None
+    soft_width: float | None = None
 
     def __post_init__(self) -> None:
         if self.loss_mode not in LOSS_MODES:
@@ -194,7 +212,8 @@ def loss_config(
     Raises
     ------
     VerlBandError
-        If the loss mode is not one of :data:`LOSS_MODES`.
+        If the loss mode is not one of :data:`LOSS_MODES`, or the soft-clip options do
+        not fit (:func:`fbands.losses.soft_options`).
     fbands.ConfigError
         If a value has the wrong type: numbers may come as text (``"5e-2"``), ``relax``
         as ``true``/``false`` text, but a bool is not a number and ``"false"`` is never
@@ -222,6 +241,14 @@ def loss_config(
 
     actor = {} if actor is None else actor
     clip_ratio = _get(actor, "clip_ratio", 0.2)
+    soft = band("soft")
+    if soft is not None and not isinstance(soft, str):
+        raise VerlBandError(f"policy_loss.soft={soft!r} must be a string")
+    try:
+        soft = fl.soft_options(soft, number("soft_k"), number("soft_width"),
+                               prefix="policy_loss.")
+    except fl.LossError as err:
+        raise VerlBandError(str(err)) from err
     return fl.LossConfig(
         method=LOSS_MODES[mode] or as_str("policy_loss.method", band("method")),
         div=as_str("policy_loss.div", band("div")),
@@ -233,6 +260,7 @@ def loss_config(
         upper_bound_max=number("upper_bound_max"),
         truncation=number("truncation"),
         agg="token-sum",
+        **soft,
     )
 
 
@@ -341,6 +369,9 @@ def compute_policy_loss(
     if config is None:
         raise VerlBandError("the band losses need verl's actor config (config=None given)")
     cfg = loss_config(_get(config, "policy_loss", {}), config, loss_mode=loss_mode)
+    if cfg not in _LOGGED:  # once per configuration and worker process
+        _LOGGED.add(cfg)
+        logger.info("fbands band loss %r: %s", loss_mode, cfg)
     batch_info = dict(_get(config, "global_batch_info", None) or {})
     dtype = torch.promote_types(log_prob.dtype, torch.float32)
     weights = aggregation_weights(response_mask, loss_agg_mode, dtype, **batch_info)

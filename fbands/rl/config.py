@@ -70,6 +70,11 @@ HELP = {
     "eps_low": "override the preset's lower clip",
     "eps_high": "override the preset's upper clip",
     "agg": "override the loss aggregation (token-mean, seq-mean-token-mean, ...)",
+    "soft": "smooth saturation in place of the hard clip (clip-form losses): tanh1, tanh2 "
+            "or smooth3; '' or unset: the hard clip (see fbands.losses.soft_clip)",
+    "soft_k": "soft=tanh2: slope of the saturation at r = 1 (unset: 1)",
+    "soft_width": "soft=smooth3: room beyond an edge, as a fraction of the edge's distance "
+                  "from 1 (unset: 0.25)",
     "lr": "Adam learning rate of the RL updates",
     "ppo_epochs": "passes over each rollout batch",
     "minibatches": "minibatches per pass",
@@ -150,6 +155,9 @@ class TrainConfig:
     eps_low: float | None = None
     eps_high: float | None = None
     agg: str | None = None
+    soft: str | None = None  # None / "": hard clip; else one of fbands.losses.SOFT_FORMS
+    soft_k: float | None = None  # soft="tanh2" only; None: LossConfig's default
+    soft_width: float | None = None  # soft="smooth3" only; None: LossConfig's default
     lr: float = 3e-4
     ppo_epochs: int = 4
     minibatches: int = 4
@@ -228,7 +236,7 @@ class TrainConfig:
         finite("max_grad_norm", 0.0, open_low=True)
         finite("kl_coef", 0.0)
         finite("ent_coef", 0.0)
-        for name in ("delta", "eps_low", "eps_high"):
+        for name in ("delta", "eps_low", "eps_high", "soft_k", "soft_width"):
             if getattr(self, name) is not None:
                 finite(name, 0.0, open_low=True)
         for name in ("bf16", "adv_std_norm", "progress", "chat_template"):
@@ -259,10 +267,18 @@ class TrainConfig:
 
     def loss_config(self):
         """The :class:`fbands.losses.LossConfig` named by ``loss`` and its overrides."""
-        from fbands.losses import preset
+        from fbands.losses import LossError, preset, soft_options
 
         overrides = {k: getattr(self, k) for k in ("delta", "eps_low", "eps_high", "agg")
                      if getattr(self, k) is not None}
+        if self.soft is not None and not isinstance(self.soft, str):
+            raise ConfigError(f"soft={self.soft!r}: must be a string")
+        try:
+            soft = soft_options(self.soft, self.soft_k, self.soft_width)
+        except LossError as err:
+            raise ConfigError(str(err)) from err
+        if soft["soft"] is not None:
+            overrides.update(soft)
         try:
             return preset(self.loss, **overrides)
         except (ValueError, TypeError, KeyError) as err:

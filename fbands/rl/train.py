@@ -248,6 +248,9 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
     model, codec = load_policy(cfg, task, log=log)
     model.to(device)
     log(warm_start(model, codec, task, cfg, device, log=log))
+    if loss_cfg.soft is not None:
+        log(f"soft clip: {loss_cfg.soft} (soft_k={loss_cfg.soft_k}, "
+            f"soft_width={loss_cfg.soft_width}) in place of the hard clip of {loss_cfg.method}")
     reference = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
     eval_prompts = task.prompts(np.random.default_rng([cfg.warm_start_seed, 99]),
