@@ -32,13 +32,17 @@ verl's environment variable ``VERL_USE_EXTERNAL_MODULES=fbands.integrations.verl
 The radius is fixed (``policy_loss.delta``): in verl 0.9.1 a policy loss cannot know the
 global step.  verl calls it with ``old_log_prob``, ``log_prob``, ``advantages``,
 ``response_mask``, ``loss_agg_mode``, ``config`` (the actor's ``ActorConfig``) and
-``rollout_is_weights`` only (``verl.workers.utils.losses.ppo_loss``, which also drops every
-other field of the batch); the trainer's ``global_steps`` goes into the generation batch's
-``meta_info`` but not into the batch of ``update_actor``, and ``config`` holds no step
-counter.  The one per-step call carrying the step into the actor's process is
+``rollout_is_weights`` only (``verl.workers.utils.losses.ppo_loss``, which selects those
+fields of the batch and drops the rest, the rollout's per-sample ``min_global_steps`` /
+``max_global_steps`` included); the trainer's ``global_steps`` goes into the generation
+batch's ``meta_info`` but not into the batch of ``update_actor``, and ``config`` holds no
+step counter (its ``global_batch_info`` is refilled per micro-batch with batch sizes only).
+The one per-step call carrying the step into the actor's process is
 ``update_weights(global_steps=...)``, made after the update.  A decaying radius
-(:mod:`fbands.schedules`) therefore needs verl to pass the step (or a patched worker);
-``fbands train`` and the TRL plug-in support schedules.
+(:mod:`fbands.schedules`) is therefore applied by segments: resume verl from its
+``global_step_N`` checkpoint with ``policy_loss.delta`` set to the schedule's value at ``N``
+(the "Choosing delta" guide); ``fbands train`` and the TRL plug-in follow schedules step by
+step.  The radius used is logged as ``actor/band/delta``.
 """
 
 from __future__ import annotations
