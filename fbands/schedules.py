@@ -153,19 +153,26 @@ class DeltaSchedule:
 class AdaptiveDelta:
     r"""A radius steered towards a target KL, updated after each optimiser step.
 
-    The rule (PPO's adaptive-KL rule, applied to the radius instead of a penalty
-    coefficient): after an update whose measured KL is ``kl``,
+    The rule (PPO's adaptive-KL idea, applied to the radius instead of a penalty
+    coefficient, as a bounded proportional step in log space): after an update whose
+    measured KL is ``kl``, with :math:`e = \log(\mathrm{kl} / \mathrm{target\_kl})`,
 
-    * ``kl > tolerance * target_kl``: the step went too far, ``delta /= factor``;
-    * ``kl < target_kl / tolerance``: it was too timid, ``delta *= factor``;
-    * otherwise ``delta`` is kept,
+    * :math:`|e| \le \log(\mathrm{tolerance})` (the dead zone): ``delta`` is kept;
+    * otherwise :math:`\delta \leftarrow \delta \exp(-\mathrm{clip}(\mathrm{gain}\cdot e,
+      -\log \mathrm{factor}, \log \mathrm{factor}))`: a KL twice the target divides
+      ``delta`` by :math:`2^{\mathrm{gain}}`, and no update moves it by more than
+      ``factor``;
 
-    and ``delta`` is clamped to ``[low, high]``.  The KL is whatever estimate the caller
-    measures between the policies before and after the update (the trainer uses the
-    batch mean of the k3 estimator ``r - 1 - log r``, which is the mean KL of the
-    trust region's ``kl`` divergence per token).  Since the band's KL per token is at most
-    ``delta``, a measured KL well below ``delta`` is the norm: the target is a KL, not a
-    radius.
+    and ``delta`` is clamped to ``[low, high]``.  A measured KL of 0 or below (every ratio
+    1) counts as far below the target: ``delta`` grows by ``factor``.
+
+    The KL is whatever estimate the caller measures between the policy that sampled a
+    batch and the policy after the update (``fbands train`` uses the k3 estimate
+    ``r - 1 - log r`` averaged over the batch's tokens, measured once all of the step's
+    updates are done).  It is not bounded by ``delta``: the band stops a token's gradient
+    only beyond its edge and on its advantage's side, while shared parameters move every
+    token.  Choose the target within the range of KLs that fixed radii give (the
+    "Choosing delta" guide).
 
     Parameters
     ----------
@@ -176,17 +183,24 @@ class AdaptiveDelta:
     low, high : float, optional
         Bounds of the radius (defaults ``start / 10`` and ``start * 10``); ``low <= start
         <= high``.
+    gain : float
+        Proportional gain on the log error (``> 0``, default 1).
     factor : float
-        Multiplicative step (``> 1``, default 1.5).
+        Largest change of ``delta`` in one update (``> 1``, default 2).
     tolerance : float
-        Width of the dead zone around the target (``> 1``, default 1.5).
+        Half-width of the dead zone, as a ratio (``> 1``, default 1.5): the KL may lie in
+        ``[target_kl / tolerance, tolerance * target_kl]`` without a change.
 
     Examples
     --------
     >>> from fbands.schedules import AdaptiveDelta
-    >>> a = AdaptiveDelta(target_kl=0.01, start=0.05, factor=2.0)
-    >>> a.update(0.05), a.update(0.001), a.update(0.012)
-    (0.025, 0.05, 0.05)
+    >>> a = AdaptiveDelta(target_kl=0.01, start=0.05)
+    >>> round(a.update(0.02), 12)    # twice the target: halved
+    0.025
+    >>> round(a.update(0.012), 12)   # inside the dead zone: kept
+    0.025
+    >>> round(a.update(0.0), 12)     # no change at all: the largest step up, x2
+    0.05
     >>> a(123)                       # the current radius, whatever the step
     0.05
     """
@@ -194,7 +208,8 @@ class AdaptiveDelta:
     adaptive = True
 
     def __init__(self, target_kl: float, start: float, low: float | None = None,
-                 high: float | None = None, *, factor: float = 1.5, tolerance: float = 1.5):
+                 high: float | None = None, *, gain: float = 1.0, factor: float = 2.0,
+                 tolerance: float = 1.5):
         self.target_kl = _positive("target_kl", target_kl)
         start = _positive("start", start)
         self.low = start / 10 if low is None else _positive("low", low)
@@ -202,6 +217,7 @@ class AdaptiveDelta:
         if not self.low <= start <= self.high:
             raise ConfigError(f"need low <= start <= high; got low={self.low!r}, "
                               f"start={start!r}, high={self.high!r}")
+        self.gain = _positive("gain", gain)
         self.factor = _positive("factor", factor)
         self.tolerance = _positive("tolerance", tolerance)
         if self.factor <= 1 or self.tolerance <= 1:
@@ -219,10 +235,10 @@ class AdaptiveDelta:
         """Apply the rule to a measured KL; returns the new radius."""
         if isinstance(kl, bool) or not isinstance(kl, (int, float)) or not math.isfinite(kl):
             raise ConfigError(f"the measured KL must be a finite number, got {kl!r}")
-        if kl > self.tolerance * self.target_kl:
-            self.delta /= self.factor
-        elif kl < self.target_kl / self.tolerance:
-            self.delta *= self.factor
+        if kl > self.target_kl * self.tolerance or kl < self.target_kl / self.tolerance:
+            err = math.log(max(kl, 1e-300) / self.target_kl)  # kl <= 0: far below
+            step = min(max(self.gain * err, -math.log(self.factor)), math.log(self.factor))
+            self.delta *= math.exp(-step)
         self.delta = min(max(self.delta, self.low), self.high)
         return self.delta
 
@@ -239,8 +255,8 @@ class AdaptiveDelta:
 
     def __repr__(self) -> str:
         return (f"AdaptiveDelta(target_kl={self.target_kl!r}, start={self.start!r}, "
-                f"low={self.low!r}, high={self.high!r}, factor={self.factor!r}, "
-                f"tolerance={self.tolerance!r}, delta={self.delta!r})")
+                f"low={self.low!r}, high={self.high!r}, gain={self.gain!r}, "
+                f"factor={self.factor!r}, tolerance={self.tolerance!r}, delta={self.delta!r})")
 
 
 _NUMBER = r"[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|\.[0-9]+(?:[eE][-+]?[0-9]+)?"

@@ -170,24 +170,29 @@ def test_adaptive_moves_toward_target():
 
 
 def test_adaptive_rule_and_bounds():
-    a = AdaptiveDelta(target_kl=0.01, start=0.05, low=0.02, high=0.1, factor=2.0)
-    assert a.update(0.02) == 0.025  # > 1.5 target: halve
-    assert a.update(0.02) == 0.02  # clamped at low
-    assert a.update(0.02) == 0.02
-    assert a.update(0.01) == 0.02  # inside the dead zone: kept
-    assert a.update(0.007) == 0.02  # 0.007 > 0.01 / 1.5: kept
-    assert a.update(0.006) == 0.04  # < target / 1.5: doubled
-    assert a.update(0.0) == 0.08
-    assert a.update(-1e-9) == 0.1  # clamped at high (a slightly negative estimate grows)
-    assert a.update(0.0) == 0.1
-    assert a(7) == 0.1
+    """The rule at hand-picked KLs (target 0.01, default gain 1, factor 2, tolerance 1.5)."""
+    a = AdaptiveDelta(target_kl=0.01, start=0.08, low=0.02, high=0.2)
+    assert a.update(0.016) == pytest.approx(0.05, rel=1e-14)  # 1.6 x target: / 1.6
+    assert a.update(0.05) == pytest.approx(0.025, rel=1e-14)  # 5 x target: capped at / 2
+    assert a.update(0.05) == 0.02  # clamped at low
+    assert a.update(0.0149) == 0.02  # inside the dead zone [0.00667, 0.015]: kept
+    assert a.update(0.00667) == 0.02
+    assert a.update(0.006) == pytest.approx(0.02 / 0.6, rel=1e-14)  # target / kl = 1.667
+    assert a.update(0.0) == pytest.approx(0.04 / 0.6, rel=1e-14)  # nothing moved: x 2
+    assert a.update(-1e-9) == pytest.approx(0.08 / 0.6, rel=1e-14)  # a slightly negative
+    assert a.update(0.0) == 0.2  # estimate also grows; clamped at high
+    assert a(7) == 0.2
+    # gain scales the log step: KL 4 x target with gain 0.5 divides by 2
+    b = AdaptiveDelta(target_kl=0.01, start=0.08, gain=0.5, factor=10.0)
+    assert b.update(0.04) == pytest.approx(0.04, rel=1e-14)
+    assert b.update(0.0025) == pytest.approx(0.08, rel=1e-14)
     # A long random walk of measured KLs never leaves [low, high].
     import random
 
     rng = random.Random(0)
     for _ in range(1000):
         d = a.update(rng.lognormvariate(math.log(0.01), 2.0))
-        assert 0.02 <= d <= 0.1
+        assert 0.02 <= d <= 0.2
 
 
 def test_adaptive_state_and_errors():
@@ -195,7 +200,7 @@ def test_adaptive_state_and_errors():
     a.update(1.0)
     b = AdaptiveDelta(target_kl=0.01, start=0.05)
     b.load_state_dict(a.state_dict())
-    assert b.delta == a.delta == 0.05 / 1.5
+    assert b.delta == a.delta == 0.025  # 100 x target: the largest step down, / 2
     for bad in (math.nan, math.inf, "0.1", None, True):
         with pytest.raises(ConfigError, match="measured KL must be a finite number"):
             a.update(bad)
@@ -203,6 +208,19 @@ def test_adaptive_state_and_errors():
         AdaptiveDelta(0.01, 0.05, factor=0.5)
     with pytest.raises(ConfigError, match="target_kl must be"):
         AdaptiveDelta(0.0, 0.05)
+    with pytest.raises(ConfigError, match="gain must be a finite number > 0"):
+        AdaptiveDelta(0.01, 0.05, gain=0.0)
+
+
+def _by_hand(delta, kl, target):
+    """The default rule (gain 1, factor 2, dead zone x/ 1.5), written case by case."""
+    if target / 1.5 <= kl <= target * 1.5:
+        return delta
+    if kl >= 2 * target:
+        return delta / 2
+    if kl <= target / 2:
+        return delta * 2
+    return delta * target / kl
 
 
 # --- the trainer: fbands train --delta-schedule --------------------------------------------
@@ -250,8 +268,8 @@ def test_trainer_adaptive_delta_follows_its_rule_and_resumes(tmp_path):
     assert rows[0]["delta"] == 0.05
     for r, after in zip(rows, rows[1:], strict=False):
         kl, d = r["delta/measured_kl"], r["delta"]
-        want = d / 1.5 if kl > 0.0015 else d * 1.5 if kl < 0.001 / 1.5 else d
-        want = min(max(want, 0.01), 0.2)
+        assert kl == r["kl/update"]  # the KL after the step's updates
+        want = min(max(_by_hand(d, kl, 0.001), 0.01), 0.2)
         # the rule, by hand; and the next step (across the resume too) uses its output
         assert r["delta/next"] == pytest.approx(want, rel=1e-14)
         assert after["delta"] == r["delta/next"]
@@ -321,9 +339,7 @@ def test_trl_adaptive_radius_follows_its_rule_and_resumes(tmp_path):
     for k in (2, 4):
         measured, delta = logs[k]["band/measured_kl"], logs[k - 1]["band/delta"]
         assert measured == pytest.approx(logs[k - 1]["band/approx_kl_k3"], rel=1e-12)
-        want = (delta / 1.5 if measured > 1.5e-4 else delta * 1.5 if measured < 1e-4 / 1.5
-                else delta)
-        want = min(max(want, 0.002), 0.05)
+        want = min(max(_by_hand(delta, measured, 1e-4), 0.002), 0.05)
         assert logs[k]["band/delta_next"] == pytest.approx(want, rel=1e-12)
         assert logs[k]["band/delta"] == logs[k + 1]["band/delta"] == logs[k]["band/delta_next"]
         assert "band/measured_kl" not in logs[k - 1]

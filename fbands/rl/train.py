@@ -12,10 +12,13 @@ Read :func:`train` top to bottom; it is the whole algorithm:
 4. old log-probabilities once per batch and the band once per batch
    (:func:`fbands.losses.precompute_band`), of the radius that ``delta_schedule`` gives
    this step (:mod:`fbands.schedules`; an adaptive radius is updated after the step from
-   the mean k3 KL of its last PPO epoch);
+   the k3 KL of its updates, step 6);
 5. ``ppo_epochs`` passes over ``minibatches`` shuffled minibatches: the policy loss, plus
    optionally a k3 KL to the reference and an entropy bonus; Adam with gradient clipping;
-6. one line of metrics to ``metrics.jsonl``; a non-finite loss stops the run (the last good
+6. with an adaptive radius, the step's KL: the k3 estimate ``r - 1 - log r`` of the policy
+   after all the updates against the one that sampled, averaged over the batch's tokens (one
+   more forward pass);
+7. one line of metrics to ``metrics.jsonl``; a non-finite loss stops the run (the last good
    checkpoint stays); an atomic checkpoint every ``checkpoint_every`` steps.
 """
 
@@ -364,10 +367,29 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
                                    **{f"loss/{k}": v for k, v in loss_metrics.items()}})
         t_end = time.perf_counter()
 
-        # 6. metrics (the one host sync of the update), NaN check, log, checkpoint --------
+        # 6. an adaptive radius: the step's KL, the policy after all its updates against the
+        # one that sampled (one more forward pass, so only when a rule needs it)
+        kl_update = None
+        if schedule is not None and schedule.adaptive:
+            model.eval()
+            with torch.no_grad(), autocast():
+                logp_new, _ = token_logprobs(model, ids, attn, width_p,
+                                             temperature=cfg.temperature,
+                                             chunk=cfg.logprob_chunk)
+            log_r = (logp_new - logp_old).float().clamp(max=80.0)
+            kl_update = ((log_r.exp() - 1 - log_r) * mask).sum() / mask.sum().clamp(min=1)
+            _sync(device)
+        t_kl = time.perf_counter() - t_end
+
+        # 7. metrics (the one host sync of the update), NaN check, log, checkpoint --------
         keys = list(per_update[0])
         stacked = torch.stack([torch.stack([u[k].float() for k in keys]) for u in per_update])
         means = dict(zip(keys, stacked.mean(dim=0).tolist(), strict=True))  # (updates, keys)
+        means["kl/last_epoch"] = float(stacked[last_epoch:, keys.index("loss/approx_kl_k3")]
+                                       .mean())
+        if kl_update is not None:
+            means["kl/update"] = float(kl_update)
+            means["time/kl_update_s"] = t_kl
         if not all(math.isfinite(means[k]) for k in ("loss/total", "grad_norm")):
             bar.close()
             good = _saved_step(ckpt_path)
@@ -390,8 +412,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
         if step_cfg.method in _DIVERGENCE_BAND:  # the radius this step's band used
             row["delta"] = step_cfg.delta
             if schedule is not None and schedule.adaptive:  # the rule's input and output
-                kl_col = stacked[last_epoch:, keys.index("loss/approx_kl_k3")]
-                row["delta/measured_kl"] = float(kl_col.mean())
+                row["delta/measured_kl"] = row["kl/update"]
                 row["delta/next"] = schedule.update(row["delta/measured_kl"])
         rows, cols = answer_start_columns(codec, task, [prompts[i // G] for i in range(len(
             batch.completions))], batch, rewards.tolist())
