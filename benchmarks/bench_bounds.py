@@ -279,26 +279,16 @@ TORCH_PATHS = {"torch-table": "device-table", "torch-native": "device-solver"}
 
 
 def _torch_call(backend: str, t, div: str):
-    """The call a ``torch*`` row times, on the CPU tensor ``t``."""
+    """The call a ``torch*`` row times, on the CPU tensor ``t`` (None: not available)."""
     if backend == "torch":
         return lambda: fbands.bounds(t, DELTA, div)
     from fbands.backends import torch_backend
 
+    if "path" not in inspect.signature(torch_backend.edges).parameters:
+        return None  # a version of fbands without forced paths
     d = fbands.get(div)
-    path = TORCH_PATHS[backend]
-    if "path" in inspect.signature(torch_backend.edges).parameters:
-        return lambda: torch_backend.edges(d, t, DELTA, logp=False, invalid="raise",
-                                           check=True, path=path)
-
-    def legacy():  # the module switches that ``path=`` replaces
-        saved = torch_backend.CPU_KERNEL, torch_backend.USE_TABLES
-        torch_backend.CPU_KERNEL, torch_backend.USE_TABLES = "torch", path == "device-table"
-        try:
-            return fbands.bounds(t, DELTA, div)
-        finally:
-            torch_backend.CPU_KERNEL, torch_backend.USE_TABLES = saved
-
-    return legacy
+    return lambda: torch_backend.edges(d, t, DELTA, logp=False, invalid="raise", check=True,
+                                       path=TORCH_PATHS[backend])
 
 
 def _print_row(row: dict) -> None:
@@ -344,6 +334,9 @@ def run_main(quick: bool) -> list[dict]:
             fn = lambda p=p: div_sqrt_floor(p, DELTA)  # noqa: E731
         else:
             fn = _torch_call(backend, t_p, div)
+            if fn is None:
+                print(f"{backend:>13}: skipped (torch_backend.edges takes no path=)")
+                continue
         secs, copy_beside = timeit(fn, 1 if backend in ("numpy", "torch-native") else repeat,
                                    beside=lambda p=p: p.copy())
         row = {"backend": backend, "div": div, "dtype": dtype, "n": n, "size": size,
