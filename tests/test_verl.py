@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import shlex
@@ -188,6 +189,29 @@ def test_value_and_gradient_match_fbands(name, fields, cfg, agg):
     assert grad.abs().sum() > 0
     for key, value in ref_metrics.items():
         assert metrics[f"actor/band/{key}"] == pytest.approx(value.item(), rel=1e-6, abs=1e-7)
+
+
+@pytest.mark.parametrize(
+    "fields, soft",
+    [
+        ({"soft": "tanh2", "soft_k": 2}, {"soft": "tanh2", "soft_k": 2.0}),
+        ({"soft": "smooth3", "soft_width": "5e-1"}, {"soft": "smooth3", "soft_width": 0.5}),
+        ({"soft": "tanh1"}, {"soft": "tanh1"}),
+    ],
+)
+def test_soft_clip_through_hydra_overrides(fields, soft):
+    """``+policy_loss.soft=...`` composed by Hydra reaches the loss verl calls: value and
+    gradient are fbands.losses' soft loss, and not the hard clip's."""
+    extra = [f"+actor_rollout_ref.actor.policy_loss.{k}={v}" for k, v in fields.items()]
+    actor = band_actor(*extra)
+    old, new, adv, mask = batch(seed=5)
+    loss, grad, _ = call("band", old, new, adv, mask, actor, agg=actor.loss_agg_mode)
+    cfg = fl.LossConfig(method="band_clip", div="tv", delta=0.1, agg=actor.loss_agg_mode, **soft)
+    ref_loss, ref_grad, _ = reference(old, new, adv, mask, cfg)
+    torch.testing.assert_close(loss, ref_loss)
+    torch.testing.assert_close(grad, ref_grad)
+    _, hard_grad, _ = reference(old, new, adv, mask, dataclasses.replace(cfg, soft=None))
+    assert not torch.allclose(grad, hard_grad)
 
 
 def test_verl_worker_loss_path_runs_the_band():
