@@ -1,24 +1,37 @@
-"""The one door: :func:`bounds` and :func:`log_bounds`.
+"""The one door: :func:`bounds` and :func:`log_bounds`, and the one decision of how a band
+is computed: :func:`choose_path`.
 
-They check the input, pick a backend from the input's type, and hand the solver float64
-arrays of ``log p``, ``log(1 - p)``, ``p``, ``1 - p`` and ``delta``.  The result has the
-input's type, shape and dtype.
+They check the input's kind, pick a backend from the input's type, and the backend picks
+its path with :func:`choose_path`; the input contract itself (validation, broadcasting,
+error messages) is :mod:`fbands._inputs`.  The result has the input's type, shape and dtype.
 """
 
 from __future__ import annotations
 
 import importlib
-import math
 import sys
 from typing import Any
 
 import numpy as np
 
+from fbands._inputs import (  # noqa: F401  (NumpyInputs, invalid_masks, raise_invalid: re-exported)
+    NumpyInputs,
+    check_kind,
+    invalid_masks,
+    raise_first,
+    raise_invalid,
+    scalar_delta,
+    valid_delta,
+    work_dtype,
+)
 from fbands._optional import raise_missing
 from fbands.divergences import Divergence, get
 from fbands.errors import BandError
 
-__all__ = ["bounds", "log_bounds", "BACKENDS"]
+__all__ = ["bounds", "log_bounds", "choose_path", "BACKENDS", "PATHS"]
+
+#: The old private name of :func:`fbands._inputs.raise_first` (fbands.calibrate uses it).
+_raise_first = raise_first
 
 #: Backend name -> module implementing ``log_edges(div, p, delta, *, logp, invalid, check)``.
 BACKENDS = {
@@ -34,6 +47,10 @@ _INVALID = ("raise", "nan")
 def _is_tensor(x: Any) -> bool:
     torch = sys.modules.get("torch")  # only a loaded torch can have made x
     return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _is_float_tensor(x: Any) -> bool:
+    return _is_tensor(x) and x.is_floating_point()
 
 
 def _backend_module(name: str, p: Any):
@@ -54,6 +71,8 @@ def _backend_module(name: str, p: Any):
 
 
 def _numba_usable() -> bool:
+    if BACKENDS["numba"] in sys.modules:  # (a dict lookup: torch.compile traces it)
+        return True
     try:
         importlib.import_module(BACKENDS["numba"])
     except ImportError:
@@ -130,7 +149,12 @@ def bounds(
         :class:`fbands.BandError`, or give ``nan`` for both edges in its place.
     check : bool
         Validate the input.  ``False`` skips the checks (and, on torch, the host
-        synchronisation they cost); invalid elements then give unspecified values.
+        synchronisation they cost); invalid elements then give unspecified values.  It
+        never changes how the band is computed (:func:`choose_path` decides that).  On a
+        GPU with one scalar ``delta``, the few elements the tables leave go to the exact
+        solver through a buffer of static size without the checks' synchronisation; in the
+        rare call that needs more, those beyond it are nan (see
+        :func:`fbands.backends.torch_backend.capacity`).
 
     Returns
     -------
@@ -165,124 +189,130 @@ def _dispatch(method, p, delta, div, backend, logp, invalid, check):
     if invalid not in _INVALID:
         raise BandError(f"invalid must be one of {_INVALID}, got {invalid!r}")
     for name, value in (("p", p), ("delta", delta)):
-        _check_kind(name, value, check)
+        check_kind(name, value, check)
     d = get(div)
     module = _backend_module(backend, p)
     return getattr(module, method)(d, p, delta, logp=logp, invalid=invalid, check=check)
 
 
-def _check_kind(name: str, value: Any, check: bool) -> None:
-    """Refuse what no backend can read as real numbers: bools (``True`` is not a radius),
-    strings, objects, sparse tensors, and (when values are to be checked) meta tensors,
-    which have none."""
-    if _is_tensor(value):
-        torch = sys.modules["torch"]
-        if value.dtype == torch.bool or value.is_complex():
-            raise BandError(f"{name} must hold real numbers, got dtype {value.dtype}")
-        if value.layout != torch.strided:
-            raise BandError(f"{name} is a {value.layout} tensor; pass {name}.to_dense()")
-        if check and value.is_meta:
-            raise BandError(f"{name} is a meta tensor: it has no values to check; pass "
-                            "check=False to get edges of its shape on the meta device")
-        return
-    if isinstance(value, bool):
-        raise BandError(f"{name} must be a float or an array of floats, not bool")
-    if isinstance(value, (int, float)):
-        return
-    try:
-        kind = np.asarray(value).dtype.kind
-    except (TypeError, ValueError) as err:  # ragged nesting, for one
-        raise BandError(f"{name} must be a float or an array of floats: {err}") from None
-    if kind not in "iuf":
-        what = "bool" if kind == "b" else f"{type(value).__name__} {value!r:.60}"
-        raise BandError(f"{name} must be a float or an array of floats, not {what}")
+# ----------------------------------------------------------------------------- paths
+
+#: numba: the closed forms of both edges, chosen and clamped without a branch, in one pass.
+CLOSED_PASS = "closed-pass"
+#: numba: the interpolation tables of the (divergence, delta) pair, in one pass.
+TABLE = "table"
+#: numba or numpy: every element by the exact solver (closed form or safeguarded Newton,
+#: refined in extended precision where float64 cannot resolve a lower edge).
+EXACT = "exact"
+#: torch: a CPU tensor handed to the numba backend through a numpy view (which then takes
+#: one of the three paths above).
+NUMBA = "numba"
+#: torch: the tables read by torch operations on the tensor's device, with the exact
+#: fixed-count solver for the elements they leave (no host synchronisation).
+DEVICE_TABLE = "device-table"
+#: torch: the exact fixed-count solver on every element (no host synchronisation).
+DEVICE_SOLVER = "device-solver"
+#: The paths of each backend.
+PATHS = {
+    "numpy": (EXACT,),
+    "cvxpy": (EXACT,),
+    "numba": (CLOSED_PASS, TABLE, EXACT),
+    "torch": (NUMBA, DEVICE_TABLE, DEVICE_SOLVER),
+}
 
 
-# ----------------------------------------------------------------------------- numpy side
+def choose_path(backend: str, div: Divergence, p: Any, delta: Any, *, logp: bool, log: bool,
+                path: str | None = None) -> str:
+    """How ``backend`` computes the band of ``p`` at ``delta``: the one place that decides it.
+
+    The choice depends on the divergence, the input's type, dtype and device, the kind of
+    ``delta`` and the output (``log``: log-edges), never on the data's values, on ``check``
+    or on any global setting.  In order, first match wins (the same table is in the docs,
+    ``docs/theory/implementation.md``):
+
+    ========  ==================================================================  ==============
+    backend   when                                                                path
+    ========  ==================================================================  ==============
+    numpy     always                                                              exact
+    numba     float32/float64 array of size > 0, one valid scalar ``delta``,       closed-pass
+              ratios of ``p`` (neither ``logp`` nor ``log``), closed forms of
+              both edges with no squaring (``numba_backend.has_closed_pass``)
+    numba     float32/float64 array of size > 0, one valid scalar ``delta``        table
+    numba     otherwise (per-element ``delta``, a scalar ``p``, other dtypes,      exact
+              an invalid ``delta``)
+    torch     ``path`` given (tests, benchmarks): that path, if it applies         ``path``
+    torch     floating CPU tensor, ``delta`` not on another device, numba          numba
+              installed, not being traced by ``torch.compile``
+    torch     floating tensor with values (not meta), one valid scalar ``delta``    device-table
+              (a number on the host), a device with float64 (not MPS), numba
+              installed (it builds the tables)
+    torch     otherwise (per-element ``delta`` tensor, MPS, no numba)              device-solver
+    ========  ==================================================================  ==============
+
+    Within a path, elements are treated apart by value, never by a choice of path: ``p = 1``
+    and ``log p = -inf`` take their limits, the elements a pass or a table cannot vouch for
+    go to the exact solver (a fixed-count one, with a static capacity, on devices:
+    :data:`fbands.backends.torch_backend.CAPACITY`), and the lower edges that float64
+    cannot resolve are refined in extended precision (numpy and numba).
+
+    ``path`` forces one of the torch paths (:data:`PATHS`); a :class:`BandError` says why when
+    it does not apply to the input.
+    """
+    if backend == "numba":
+        d = scalar_delta(delta)
+        if (
+            d is None
+            or not valid_delta(d)
+            or not isinstance(p, np.ndarray)
+            or p.dtype not in (np.float32, np.float64)
+            or p.size == 0
+        ):
+            return EXACT
+        from fbands.backends.numba_backend import has_closed_pass
+
+        return CLOSED_PASS if not (logp or log) and has_closed_pass(div) else TABLE
+    if backend != "torch":
+        return EXACT
+    reasons = {NUMBA: _why_not_numba(p, delta), DEVICE_TABLE: _why_not_device_table(p, delta),
+               DEVICE_SOLVER: None}
+    if path is not None:
+        if path not in reasons:
+            raise BandError(f"unknown path {path!r} for torch; choose one of {PATHS['torch']}")
+        if reasons[path] is not None:
+            raise BandError(f"path {path!r} does not apply: {reasons[path]}")
+        return path
+    return next(name for name, why in reasons.items() if why is None)
 
 
-class NumpyInputs:
-    """Validated, broadcast float64 inputs of the numpy-family backends, and the way back."""
-
-    def __init__(self, p: Any, delta: Any, *, logp: bool, invalid: str, check: bool):
-        self.scalar = isinstance(p, (int, float)) and not isinstance(p, bool)
-        self.logp = logp
-        arr = np.asarray(p)  # (bools were refused by _check_kind)
-        if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
-            raise BandError(f"p must be real numbers, got dtype {arr.dtype}")
-        self.dtype = arr.dtype if np.issubdtype(arr.dtype, np.floating) else np.dtype(np.float64)
-        try:
-            d = np.asarray(delta, dtype=np.float64)
-        except (TypeError, ValueError) as err:
-            raise BandError(f"delta must be a number or an array of numbers: {err}") from err
-        x = arr.astype(np.float64)
-        try:
-            x, d = np.broadcast_arrays(x, d)
-        except ValueError as err:
-            raise BandError(
-                f"delta of shape {d.shape} does not broadcast against p of shape {x.shape}"
-            ) from err
-        self.shape = x.shape
-        self.scalar = self.scalar and x.ndim == 0  # a float p with an array delta: arrays
-        bad_p, bad_d = invalid_masks(x, d, logp, np.isnan, np.isinf)
-        self.bad = bad_p | bad_d
-        if check and invalid == "raise":
-            raise_invalid(bad_p, x, bad_d, d, logp)
-        with np.errstate(all="ignore"):
-            x = np.where(self.bad, 0.5 if not logp else -math.log(2.0), x)
-            d = np.where(self.bad, 1.0, d)
-            if logp:
-                lp = x
-                p_ = np.exp(lp)
-                q = -np.expm1(lp)
-            else:
-                p_ = x
-                lp = np.log(x)
-                q = 1.0 - x
-            q = np.maximum(q, 1e-300)
-            lq = np.log(q)
-        self.lp, self.lq, self.p, self.q, self.delta = lp, lq, p_, q, d
-        self.zero = np.isneginf(lp)  # logp = -inf: the p -> 0 limit
-
-    def finish(self, lo, hi, *, log: bool):
-        """Apply the limits and the invalid mask, and return values of the input's kind."""
-        with np.errstate(all="ignore"):
-            lo = np.where(self.zero, -math.inf, lo)
-            hi = np.where(self.zero, math.inf, hi)
-            if not log:
-                top = hi == -self.lp
-                lo = np.exp(lo)
-                hi = np.where(top, 1.0 / self.p, np.exp(hi))
-            lo = np.where(self.bad, math.nan, lo)
-            hi = np.where(self.bad, math.nan, hi)
-            # + 0.0 turns the -0.0 of log(1) into 0.0.
-            lo, hi = (lo + 0.0).astype(self.dtype), (hi + 0.0).astype(self.dtype)
-        if self.scalar:
-            return float(lo), float(hi)
-        return lo.reshape(self.shape), hi.reshape(self.shape)
+def _traced() -> bool:
+    torch = sys.modules["torch"]
+    return torch.compiler.is_compiling()
 
 
-def invalid_masks(x, d, logp: bool, isnan, isinf):
-    """Element masks of invalid ``p`` (or ``log p``) and ``delta``, for numpy or torch."""
-    if logp:
-        bad_p = isnan(x) | (x > 0)
-    else:
-        bad_p = isnan(x) | (x <= 0) | (x > 1) | isinf(x)
-    return bad_p, ~(d > 0) | isinf(d)
+def _why_not_numba(p, delta) -> str | None:
+    """Why a CPU tensor cannot go to numba (None: it can)."""
+    if not _is_float_tensor(p) or p.device.type != "cpu":
+        return "p is not a floating-point CPU tensor"
+    if _is_tensor(delta) and delta.device.type != "cpu":
+        return "delta is on another device"
+    if not _numba_usable():
+        return "numba is not installed"
+    if _traced():
+        return "torch.compile is tracing the call"
+    return None
 
 
-def raise_invalid(bad_p, x, bad_d, d, logp: bool) -> None:
-    """Raise a :class:`BandError` for the first invalid element (numpy arrays)."""
-    _raise_first(bad_p, x, "log p" if logp else "p", "[-inf, 0]" if logp else "(0, 1]")
-    _raise_first(bad_d, d, "delta", "(0, inf)")
-
-
-def _raise_first(mask: np.ndarray, values: np.ndarray, name: str, domain: str) -> None:
-    if mask.any():
-        idx = np.unravel_index(int(np.argmax(mask)), mask.shape) if mask.ndim else ()
-        where = f" at index {tuple(int(i) for i in idx)}" if mask.ndim else ""
-        count = int(mask.sum())
-        raise BandError(
-            f"{name} must lie in {domain}; got {float(values[idx])!r}{where}"
-            + (f" ({count} invalid elements)" if count > 1 else "")
-        )
+def _why_not_device_table(p, delta) -> str | None:
+    """Why the tables cannot be read on p's device (None: they can)."""
+    if not _is_float_tensor(p):
+        return "p is not a floating-point tensor"
+    if p.is_meta:
+        return "a meta tensor has no values to read the tables with"
+    d = scalar_delta(delta)
+    if d is None or not valid_delta(d):
+        return "delta is not one valid number (a radius per element takes the solver)"
+    if work_dtype(p.device) != sys.modules["torch"].float64:
+        return f"{p.device.type} has no float64 (the tables are read in float64)"
+    if not _numba_usable():
+        return "numba is not installed (it builds the tables)"
+    return None

@@ -76,12 +76,27 @@ LOOSE = {"alpha(a=0.5)": 2e-11, "alpha(a=-1)": 2e-11}
 
 
 @pytest.fixture(params=["torch", "numba"])
-def cpu_kernel(request, monkeypatch):
-    """CPU tensors on the torch solver, or handed to numba (see torch_backend.CPU_KERNEL)."""
+def cpu_kernel(request):
+    """CPU tensors forced onto the device paths of the torch backend ("torch": what CUDA
+    runs), or on the automatic path (handed to numba); see fbands.bands.choose_path."""
+    return request.param
+
+
+def _torch(log: bool, cpu_kernel: str):
+    """bounds / log_bounds of tensors on the path ``cpu_kernel`` names."""
+    from fbands import bands
     from fbands.backends import torch_backend
 
-    monkeypatch.setattr(torch_backend, "CPU_KERNEL", request.param)
-    return request.param
+    def fn(p, delta, div):
+        path = None
+        if cpu_kernel == "torch":
+            per_token = isinstance(delta, torch.Tensor)
+            path = bands.DEVICE_SOLVER if per_token else bands.DEVICE_TABLE
+        edges = torch_backend.log_edges if log else torch_backend.edges
+        return edges(fbands.get(div), p, delta, logp=False, invalid="raise", check=True,
+                     path=path)
+
+    return fn
 
 
 @pytest.mark.parametrize("div", registry(DIVERGENCES))
@@ -93,8 +108,8 @@ def test_float64_backends_agree_with_numpy(div, cpu_kernel):
         fn = fbands.log_bounds if log else fbands.bounds
         ref = fn(grid_p, grid_d, div, backend="numpy")
         outs = {  # per-element delta: the exact solvers; scalar delta: the numba tables
-            "torch": fn(torch.from_numpy(P), torch.tensor(DELTAS, dtype=torch.float64)[:, None],
-                        div),
+            "torch": _torch(log, cpu_kernel)(
+                torch.from_numpy(P), torch.tensor(DELTAS, dtype=torch.float64)[:, None], div),
         }
         if cpu_kernel == "torch":  # numba's own answers do not depend on cpu_kernel: once
             _check(outs, ref, "torch", tol, (div, log))
@@ -128,7 +143,7 @@ def test_float32_within_a_few_ulp(div, cpu_kernel):
         for log in (False, True):
             fn = fbands.log_bounds if log else fbands.bounds
             ref = fn(p32.astype(np.float64), delta, div, backend="numpy")
-            got_torch = fn(torch.from_numpy(p32), delta, div)
+            got_torch = _torch(log, cpu_kernel)(torch.from_numpy(p32), delta, div)
             # numba's answer does not depend on cpu_kernel: checked once
             got_numba = fn(p32, delta, div, backend="numba") if cpu_kernel == "numba" else None
             for got in filter(None, (got_torch, got_numba)):

@@ -341,3 +341,54 @@ def test_unknown_names_list_the_alternatives():
         fbands.bounds(0.1, 0.05, "kl", backend="jax")
     with pytest.raises(fbands.BandError, match="invalid must be"):
         fbands.bounds(0.1, 0.05, "kl", invalid="ignore")
+
+
+# ----------------------------------------------------------------------------- choose_path
+
+F64 = np.linspace(0.1, 0.9, 5)
+
+
+def _tensor(x, **kw):
+    torch = pytest.importorskip("torch")
+    return torch.tensor(x, **kw)
+
+
+#: The decision table of fbands.bands.choose_path (and of docs/theory/implementation.md),
+#: row by row: (backend, divergence, p, delta, logp, log) -> path.
+PATH_TABLE = [
+    ("numpy", "kl", lambda: F64, 0.05, False, False, "exact"),
+    ("numba", "tv", lambda: F64, 0.05, False, False, "closed-pass"),
+    ("numba", "tv", lambda: F64, 0.05, True, False, "table"),  # log p: no closed pass
+    ("numba", "tv", lambda: F64, 0.05, False, True, "table"),  # log-edges: no closed pass
+    ("numba", "kl", lambda: F64.astype(np.float32), np.float32(0.05), False, False, "table"),
+    ("numba", "kl", lambda: F64, np.full(5, 0.05), False, False, "exact"),  # per element
+    ("numba", "kl", lambda: F64, -1.0, False, False, "exact"),  # invalid radius: raises there
+    ("numba", "kl", lambda: 0.3, 0.05, False, False, "exact"),  # a scalar p
+    ("numba", "kl", lambda: F64.astype(np.float16), 0.05, False, False, "exact"),
+    ("torch", "kl", lambda: _tensor(F64), 0.05, False, False, "numba"),  # a CPU tensor
+    ("torch", "kl", lambda: _tensor(F64), _tensor([0.05] * 5), False, False, "numba"),
+    ("torch", "kl", lambda: _tensor(F64, device="meta"), 0.05, False, False, "device-solver"),
+    ("torch", "kl", lambda: F64, 0.05, False, False, "device-solver"),  # not a tensor
+    ("torch", "kl", lambda: _tensor([1, 2]), 0.05, False, False, "device-solver"),  # integers
+]
+
+
+@pytest.mark.parametrize("backend, div, p, delta, logp, log, path", PATH_TABLE)
+def test_choose_path_follows_the_decision_table(backend, div, p, delta, logp, log, path):
+    got = fbands.bands.choose_path(backend, fbands.get(div), p(), delta, logp=logp, log=log)
+    assert got == path
+    assert got in fbands.bands.PATHS[backend]
+
+
+def test_choose_path_forces_torch_paths_only_where_they_apply():
+    kl = fbands.get("kl")
+    p = _tensor(F64)
+    choose = fbands.bands.choose_path
+    assert choose("torch", kl, p, 0.05, logp=False, log=False, path="device-table") \
+        == "device-table"
+    assert choose("torch", kl, p, p, logp=False, log=False, path="device-solver") \
+        == "device-solver"
+    with pytest.raises(fbands.BandError, match="does not apply: delta is not one valid number"):
+        choose("torch", kl, p, p, logp=False, log=False, path="device-table")
+    with pytest.raises(fbands.BandError, match="does not apply: p is not a floating-point CPU"):
+        choose("torch", kl, F64, 0.05, logp=False, log=False, path="numba")

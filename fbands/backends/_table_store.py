@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from fbands import _cache, _solver
-from fbands.backends import numpy_backend
+from fbands.backends import _table_kernels, _table_layout, numpy_backend
 
 __all__ = ["load", "store", "key"]
 
@@ -38,7 +38,7 @@ def _code_hash() -> str:
         from fbands.backends import numba_backend
 
         h = hashlib.sha256(f"{np.__version__}\n".encode())
-        for mod in (numba_backend, numpy_backend, _solver):
+        for mod in (numba_backend, numpy_backend, _solver, _table_layout, _table_kernels):
             h.update(Path(mod.__file__).read_bytes())
         _CODE.append(h.hexdigest())
     return _CODE[0]
@@ -90,8 +90,9 @@ def load(k: str, kbits: int, cells: int, row: int, table_cls):
         if (coef.dtype != np.float64 or code.dtype != np.int32 or coef.ndim != 1
                 or code.ndim != 1 or coef.size != code.size * row):
             return None
-        first, extra = info >> 4, info & 15
-        if first.min() < 0 or extra.max() > 15 or (first + (1 << extra)).max() > code.size:
+        first, extra = _table_layout.unpack_info(info)
+        if (first.min() < 0 or not np.isin(extra, (0, _table_layout.SUBBITS)).all()
+                or (first + (1 << extra)).max() > code.size):
             return None
         out[log] = table_cls(kbits, coef, code, info)
     try:

@@ -2,11 +2,12 @@ r"""numba backend: JIT-compiled, parallel band solvers generated from each diver
 
 For every divergence (user-registered ones included) the generated Python source of its
 kernels (:attr:`fbands.Divergence.sources`: ``F`` in ``s = log r``, ``F'``, closed-form
-coefficients) is pasted into a template of scalar solver code
-(:mod:`fbands.backends._numba_template`), written to a file in the cache directory and
-compiled by numba with ``cache=True``: a second process loads the machine code from disk
-instead of compiling again.  Nothing is compiled at ``import fbands``; the first call for a
-divergence and dtype pays for it (a few seconds, once per machine).
+coefficients) and the scalar form of the solver (:data:`fbands._solver.SCALAR_FORM`, real
+Python read from its file) make one module (:mod:`fbands.backends._numba_template`),
+written to a file in the cache directory and compiled by numba with ``cache=True``: a
+second process loads the machine code from disk instead of compiling again.  Nothing is
+compiled at ``import fbands``; the first call for a divergence and dtype pays for it (a few
+seconds, once per machine).
 
 Two paths:
 
@@ -15,22 +16,30 @@ Two paths:
   :func:`fbands._solver.solve` (closed form, or safeguarded Newton stopping per element),
   in parallel over the cores.
 * **Table** (a float32 or float64 array with one scalar ``delta``, the usual case): for each
-  ``(divergence, delta)`` a table of both edges is built once from the exact solver and
-  cached, one for ratios and one for log-ratios.  A cell is found from the bits of
+  ``(divergence, delta)`` a table of both edges, one for ratios and one for log-ratios,
+  built from the exact solver cell by cell as the data reaches the cells
+  (:class:`TableSet`), and cached.  A cell is found from the bits of
   ``z = min(p, 1 - p)`` alone: its binade and the top ``kbits`` bits of its mantissa
-  (:data:`LAYOUTS`: fewer for float32 output), so every cell spans a fixed share of its own
-  size.  Both edges are smooth functions of ``log z`` between saturation thresholds
-  (``1 - p`` keeps the ``q log q`` term near ``p = 1`` smooth), so on such a short cell a
-  degree-5 polynomial in the cell's coordinate, read exactly off the remaining mantissa
-  bits, reaches the tolerance.  Every row is validated against the exact solver between
-  its nodes; a cell that misses (a saturation threshold inside, an edge bending fast next
-  to one) takes :data:`SUBBITS` more mantissa bits to choose one of its subrows, and a
-  subrow that still misses is solved exactly, element by element, as are ``p`` below
-  ``2^-200``, ``1 - p`` below ``2^-90`` (log-probability input only) and the lower edges
-  that float64 cannot resolve next to saturation (refined in extended precision).  The
-  pass over the data has no data-dependent branch and no libm call, so it vectorises
-  (gathers for the table reads): per element two integer bit-field reads, two table
-  reads, two Horner chains of six terms, and ``1 / p`` for a saturated upper edge.
+  (:mod:`._table_layout`, the one definition of the layout: fewer bits for float32
+  output), so every cell spans a fixed share of its own size.  Both edges are smooth
+  functions of ``log z`` between saturation thresholds (``1 - p`` keeps the ``q log q``
+  term near ``p = 1`` smooth), so on such a short cell a degree-5 polynomial in the
+  cell's coordinate, read exactly off the remaining mantissa bits, reaches the
+  tolerance.  Every row is validated against the exact solver between its nodes; a cell
+  that misses (a saturation threshold inside, an edge bending fast next to one) takes
+  :data:`~._table_layout.SUBBITS` more mantissa bits to choose one of its subrows.  A
+  ratio subrow whose lower edge spans too many orders of magnitude for a polynomial in
+  ``r`` (KL's ``exp(-delta / p)`` at small ``p``) gives it as ``exp`` of its log-edge's
+  polynomial, validated as a relative error in ``r``; where that edge rounds to 0 in a
+  float32 output the row stores 0.  (The pass leaves those few elements like exact ones,
+  and :func:`._table_kernels.finish_exp_rows` finishes them from the table.)  A subrow
+  that still misses is solved exactly, element by element, as are ``p`` below
+  ``2^-200``, ``1 - p`` below ``2^-90`` (log-probability input only) and the lower
+  edges that float64 cannot resolve next to saturation (refined in extended precision).
+  The pass (:mod:`._table_kernels`, one compiled module for every divergence) has no
+  data-dependent branch and no libm call, so it vectorises (gathers for the table
+  reads): per element two integer bit-field reads, two table reads, two Horner chains of
+  six terms, and ``1 / p`` for a saturated upper edge.
 * **Closed-form pass** (ratios of ``p`` with one scalar ``delta``, for divergences whose
   closed forms needed no squaring, :func:`has_closed_pass`): the roots of the sympy
   polynomials, chosen and clamped without a branch (see the closed-forms page of the
@@ -43,14 +52,18 @@ reads only the blocks that hold one.
 Environment: ``FBANDS_CACHE_DIR`` (default ``~/.cache/fbands``) holds the generated modules
 and numba's cache next to them, in a directory only this user can write
 (:mod:`fbands._cache`); a generated module is imported only when its text is the one this
-process generated.  The tables are kept there too, as verified numeric arrays
-(:mod:`._table_store`), so a later process with the same radius reads them.
+process generated.  Complete tables (what the torch device path reads, :func:`tables`) are
+kept there too, as verified numeric arrays (:mod:`._table_store`), so a later process with
+the same radius reads them; the CPU path builds only the cells its data reaches, which
+costs milliseconds, and keeps them in memory.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
+import inspect
 import math
 import os
 import sys
@@ -62,51 +75,39 @@ import numba  # (the import error tells bands.py that this backend is unusable)
 import numba.extending
 import numpy as np
 
-from fbands import _cache, _solver, symbolic
+from fbands import _cache, _solver, bands, symbolic
+from fbands._inputs import NumpyInputs, check_values, invalid_masks, scalar_delta
 from fbands._solver import LP_CLOSED
 from fbands.backends import _numba_template as template
-from fbands.backends import _table_store, numpy_backend
-from fbands.bands import NumpyInputs, invalid_masks, raise_invalid
-from fbands.errors import BandError
+from fbands.backends import _table_kernels, _table_layout, _table_store, numpy_backend
 
 __all__ = ["LAYOUTS", "kernels", "tables", "log_edges", "edges"]
 
-#: Table layout per output precision: ``2^kbits`` cells per binade of ``min(p, 1 - p)``, and
-#: the accuracy a row must reach between its nodes (ratios: relative error below ``tol``;
-#: log-edges ``s``: error below ``tol * max(|s|, 1e-6)``, and small enough that ``exp(s)``
-#: keeps ``tol`` too).  A cell spans at most 1/2^kbits of its own size, so the
-#: polynomials of degree :data:`DEG` converge fast (the nearest singularity, p = 0 or
-#: p = 1, is over 2^(kbits+1) half-widths away).  ``refine``: the float64 error bound above
+#: Accuracy of the tables per output precision (their cells, :data:`._table_layout.KBITS`,
+#: follow from it): ``tol``, what a row must reach between its nodes (ratios: relative
+#: error below ``tol``; log-edges ``s``: error below ``tol * max(|s|, 1e-6)``, and small
+#: enough that ``exp(s)`` keeps ``tol`` too).  ``refine``: the float64 error bound above
 #: which a lower edge next to saturation is redone in extended precision
 #: (:func:`fbands.backends.numpy_backend.refine_near_saturation`).  ``small_edge``: the
 #: closed-form pass leaves lower edges below it to the exact solver.  A root of the
 #: closed forms near r = 0 is off by about an ulp of their O(1) terms (~1e-16 absolute),
 #: so it is trusted where that is a small enough share of it: from 1e-3 for float64's
 #: 1e-12 bar (numpy's :data:`~fbands.backends.numpy_backend.SMALL_EDGE`) and, with the
-#: same margin, from 1e-6 for float32's 1e-9.
+#: same margin, from 1e-6 for float32's 1e-9.  ``zero_below``: a
+#: lower ratio below it everywhere on a row is stored as 0 (float32: a quarter of the
+#: smallest subnormal, so that it and the edge round to the same 0).
 LAYOUTS = {
-    "float64": {"kbits": 6, "tol": 1e-13, "refine": numpy_backend.REFINE_ABOVE,
-                "small_edge": numpy_backend.SMALL_EDGE},
-    "float32": {"kbits": 4, "tol": 1e-10, "refine": 1e-9, "small_edge": 1e-6},
+    "float64": {"kbits": _table_layout.KBITS["float64"], "tol": 1e-13,
+                "refine": numpy_backend.REFINE_ABOVE, "small_edge": numpy_backend.SMALL_EDGE,
+                "zero_below": 0.0},
+    "float32": {"kbits": _table_layout.KBITS["float32"], "tol": 1e-10, "refine": 1e-9,
+                "small_edge": 1e-6, "zero_below": 2.0**-151},
 }
-#: Degree of the polynomials, coefficients per table row, and the bits of a row's code (see
-#: the template: the kernel's Horner chains are generated for this degree).
-DEG, ROW, ROW_TOP, ROW_EXACT = template.DEG, template.ROW, template.ROW_TOP, template.ROW_EXACT
-#: Elements per block of the passes (each block keeps a tally of what it leaves unsolved).
-BLOCK = 4096
-#: Extra mantissa bits (2^SUBBITS subrows) of a cell its polynomials do not resolve (a
-#: saturation threshold inside it, an edge that bends too fast).
-SUBBITS = 6
-#: Binades of p below 1/2 in the table (p >= 2^-200, log p >= -138): smaller p are
-#: solved exactly.
-NB_LO = 200
-#: Binades of 1 - p in the table (1 - p >= 2^-90): closer to 1 only log-probability
-#: input gets, and it is solved exactly.
-NB_HI = 90
-#: How many (divergence, delta, layout) table pairs are kept (least recently used go first).
-#: A float64 pair takes about 9 MB and a float32 pair about 2.5 MB; each takes a second or
-#: so to build, once per process, so a radius that changes every step is better passed as
-#: a per-token array (the exact path) than as a new scalar each time.
+#: Elements per block of the passes (see :data:`._table_kernels.BLOCK`).
+BLOCK = _table_kernels.BLOCK
+#: How many (divergence, delta, layout) table sets are kept (least recently used go first).
+#: A complete float64 pair takes about 9 MB and a float32 pair about 2.5 MB; one built for a
+#: batch's data holds only the cells the batch reached.
 MAX_TABLES = 16
 
 _LOCK = threading.Lock()
@@ -144,11 +145,7 @@ def cache_dir() -> Path:
 def module_source(div) -> str:
     """The complete numba module of one divergence (see :mod:`._numba_template`)."""
     src = div.sources
-    curv = div.curvature
-    curv = curv if math.isfinite(curv) and curv > 0 else 1.0
-    parts = [template.HEADER.format(name=div.name, f0=div.f0, curv=curv, near=symbolic.NEAR,
-                                    far_above=_solver.FAR_ABOVE,
-                                    slow_at_one=math.isinf(div.fprime_inf))]
+    parts = [template.HEADER.format(name=div.name)]
 
     def fn(key: str, name: str, inline: bool = False) -> str:
         deco = '@njit(inline="always", **OPTS)' if inline else "@njit(**OPTS)"
@@ -161,27 +158,36 @@ def module_source(div) -> str:
     d = div.derivation
     forms = {"upper": d.upper, "lower": d.lower, "lower_y": d.lower_y}
     for edge, cf in forms.items():
-        if cf is not None:
-            for i in (2, 1, 0):
+        for i in (2, 1, 0):
+            if cf is not None:
                 # inlined: a call would keep closed_pass's loop from vectorising
                 parts.append(fn(f"{edge}_a{i}", f"{edge}_a{i}", inline=True))
-    parts.append(f"\nNEAR_DIFFERS = {near_differs}\n")
-    parts.append(f"HAS_UPPER = {d.upper is not None}\nHAS_LOWER = {d.lower is not None}\n")
-    parts.append(template.SOLVER)
-    for edge, cf in (("upper", d.upper), ("lower", d.lower)):
-        if cf is not None:
-            parts.append(template.CLOSED_EDGE.format(
-                edge=edge, is_upper=edge == "upper", squared=cf.squared))
-        else:  # never called (HAS_... is False) but numba must resolve the name
-            parts.append(f"\n@njit(**OPTS)\ndef closed_{edge}(lp, lq, p, q, poq, delta):\n"
-                         "    return NAN, False\n")
-    parts.append(template.SOLVE_ONE)
-    parts.append(f"\nBLOCK, ROW, ROW_TOP, ROW_EXACT = {BLOCK}, {ROW}, {ROW_TOP}, {ROW_EXACT}\n")
-    parts.append(template.TABLE)
+            else:  # never called (HAS_... is False), but numba resolves every name
+                parts.append(f"@njit(**OPTS)\ndef {edge}_a{i}(p, q, delta):\n    return NAN\n")
+    parts.append(_scalar_form(div))
+    parts.append(template.SOLVE_ARRAYS)
     if has_closed_pass(div):
         zero = {f"{k}_zero": (cf.coeffs[0] == 0, cf.coeffs[1] == 0) for k, cf in forms.items()}
         parts.append(template.CLOSED_PASS.format(**zero))
     return "".join(parts)
+
+
+def _scalar_form(div) -> str:
+    """The scalar form of the solver (:data:`fbands._solver.SCALAR_FORM`, taken from its
+    source file as it is), its constants and the divergence's, each function jitted."""
+    constants = {name: getattr(_solver, name) for name in _solver.SCALAR_SHARED}
+    constants.update(_solver.scalar_constants(div), NEAR=symbolic.NEAR)
+    lines = ["\n# -- fbands._solver's constants and the divergence's\n"]
+    for name, value in constants.items():
+        text = repr(value) if isinstance(value, (bool, int)) else f"float({repr(float(value))!r})"
+        lines.append(f"{name} = {text}\n")
+    lines.append("\n# -- the scalar form of the solver, from fbands/_solver.py\n")
+    for func in _solver.SCALAR_FORM:
+        lines.append("\n\n" + inspect.getsource(func))
+    names = ", ".join(func.__name__ for func in _solver.SCALAR_FORM)
+    lines.append(f"\n\nfor _name in ({names},):\n"
+                 "    globals()[_name.__name__] = njit(**OPTS)(_name)\n")
+    return "".join(lines)
 
 
 def has_closed_pass(div) -> bool:
@@ -241,37 +247,27 @@ def _holds(path: Path, text: str) -> bool:
 
 
 class Table:
-    """Interpolation table of both edges of one divergence at one delta, in one mode.
+    """Interpolation table of both edges of one divergence at one delta, in one mode (the
+    layout: :mod:`._table_layout`).
 
-    ``coef``: :data:`ROW` coefficients a row (powers 5 to 0 of ``u``, lower and upper
-    interleaved, so a row is one contiguous read); ``row_code``: :data:`ROW_TOP` (upper
-    edge at ``1 / p``) and :data:`ROW_EXACT` bits; ``cells_info[cell]``: first row << 4 |
-    extra mantissa bits (0, or :data:`SUBBITS` for a refined cell).
+    ``coef``: :data:`~._table_layout.ROW` coefficients a row; ``row_code``: each row's
+    flag bits; ``cells_info[cell]``: the cell's first row and extra mantissa bits.
+    ``exp_lo``: whether any row gives its lower edge as the exponential of its polynomial.
     """
 
     def __init__(self, kbits, coef, row_code, cells_info):
         self.kbits, self.coef, self.row_code, self.cells_info = kbits, coef, row_code, cells_info
+        self.exp_lo = bool(np.any((row_code & _table_layout.ROW_EXP_LO) != 0))
 
     @property
     def exact_fraction(self) -> float:
         """Share of the cells (refined cells counted by subrow) solved element by element."""
-        info = self.cells_info
-        sh = info & 15
-        rows = info >> 4
-        share = np.empty(info.size)
-        for k in range(info.size):
+        rows, sh = _table_layout.unpack_info(self.cells_info)
+        share = np.empty(rows.size)
+        for k in range(rows.size):
             codes = self.row_code[rows[k] : rows[k] + (1 << sh[k])]
-            share[k] = np.mean((codes & ROW_EXACT) != 0)
+            share[k] = np.mean((codes & _table_layout.ROW_EXACT) != 0)
         return float(share.mean())
-
-
-def _cell_points(kbits: int, nb: int, w: np.ndarray) -> np.ndarray:
-    """z at the fractions ``w`` (shape (points,) or (cells, points)) of every cell of ``nb``
-    binades: cell ``b * 2^kbits + j`` covers ``2^-(b+1) [1 + j / 2^kbits, 1 + (j+1) / 2^kbits)``."""
-    cells = 1 << kbits
-    b = np.repeat(np.arange(nb), cells)[:, None]
-    j = np.tile(np.arange(cells), nb)[:, None]
-    return np.ldexp(1.0 + (j + w) / cells, -(b + 1))
 
 
 def _solve_z(div, z: np.ndarray, high: np.ndarray, delta: float, refine: float):
@@ -289,13 +285,22 @@ def _solve_z(div, z: np.ndarray, high: np.ndarray, delta: float, refine: float):
     return lo.reshape(z.shape), hi.reshape(z.shape), lp, suspect.reshape(z.shape)
 
 
+def _horner(coef: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Rows of polynomials (highest power first) at ``u``, in the kernels' order of
+    operations (:func:`._table_kernels.horner`), so that a check sees their rounding."""
+    acc = np.broadcast_to(coef[:, :1], (coef.shape[0], u.size)).copy()
+    for j in range(1, coef.shape[1]):
+        acc = acc * u + coef[:, j : j + 1]
+    return acc
+
+
 class _Fitter:
     """Chebyshev interpolation of both edges on rows of points, in both modes, validated
     between the nodes."""
 
-    def __init__(self, tol: float):
-        m = DEG + 1
-        self.m, self.tol = m, tol
+    def __init__(self, tol: float, zero_below: float):
+        m = _table_layout.DEG + 1
+        self.m, self.tol, self.zero_below = m, tol, zero_below
         self.nodes = np.cos(np.pi * (np.arange(m) + 0.5) / m)[::-1]
         self.checks = np.concatenate(([-1.0], 0.5 * (self.nodes[1:] + self.nodes[:-1]), [1.0]))
         theta = np.pi * (np.arange(m) + 0.5) / m
@@ -317,19 +322,38 @@ class _Fitter:
         """(coef highest power first, ok, all_saturated) of one edge on every row."""
         m = self.m
         finite = np.where(saturated[:, :m] | ~np.isfinite(vals[:, :m]), 0.0, vals[:, :m])
-        mono = (finite @ self.fit_matrix)[:, ::-1]
+        # Fit the variation about the mean and add the mean back to the constant term:
+        # the other coefficients then carry rounding of the variation alone, not of the
+        # value (a log-edge of -500 varying by 0.1 would lose a hundred ulp otherwise).
+        base = finite.mean(axis=1)
+        mono = ((finite - base[:, None]) @ self.fit_matrix)[:, ::-1]
+        mono[:, -1] += base
         with np.errstate(invalid="ignore", over="ignore"):
             err = np.abs(mono @ self.check_matrix.T - vals[:, m:])
             ok = (err <= allowed(vals[:, m:])).all(axis=1)
         good = np.isfinite(vals).all(axis=1) & ~saturated.any(axis=1) & ok
         return mono, good, saturated.all(axis=1)
 
-    def __call__(self, s_lo, s_hi, lp, suspect):
-        """Both modes' (coef, row_code) from the exact log-edges at each row's points."""
+    def _exp_ok(self, c_log, s_lo):
+        """Rows whose lower edge ``exp(poly)`` of the log fit ``c_log`` is within ``tol``
+        of ``r = exp(s_lo)``, relatively, at the checks: an error ``e`` in ``s`` is one of
+        ``e`` in ``r``.  Rounding of ``s`` itself (|s| up to 745) is allowed 4 ulp."""
+        s = s_lo[:, self.m:]
+        with np.errstate(invalid="ignore", over="ignore"):
+            err = np.abs(_horner(c_log, self.checks) - s)
+            bar = np.maximum(self.tol, 4.0 * np.spacing(np.abs(s)))
+            ok = (err <= bar).all(axis=1)
+        return ok & np.isfinite(s_lo).all(axis=1) & (s_lo < 0).all(axis=1)
+
+    def __call__(self, s_lo, s_hi, lp, suspect, allow_exp=True):
+        """Both modes' (coef, row_code) from the exact log-edges at each row's points.
+        ``allow_exp``: ratio rows may give the lower edge as exp of the log fit (only
+        subrows do: a shorter row fits r itself, at no exp per element, far further)."""
         tol = self.tol
         top = (s_hi == -lp) | (np.abs(s_hi + lp) <= _allowed(s_hi, tol))
         zero = s_lo == -math.inf
         out = {}
+        c_log = None
         for log in (True, False):
             if log:
                 lo, hi = s_lo, s_hi
@@ -338,15 +362,24 @@ class _Fitter:
                 with np.errstate(over="ignore"):
                     lo, hi = np.exp(s_lo), np.exp(s_hi)
                 allowed = lambda v: tol * np.abs(v)  # noqa: E731
-            c_lo, ok_lo, sat_lo = self._edge(lo, zero, allowed)
+            # (ratios: an edge that rounds to 0 in the output is stored as 0)
+            gone = zero if log else zero | (lo < self.zero_below)
+            c_lo, ok_lo, sat_lo = self._edge(lo, gone, allowed)
             c_hi, ok_hi, sat_hi = self._edge(hi, top, allowed)
+            exp_lo = np.zeros_like(ok_lo)
+            if log:
+                c_log = c_lo.copy()
+            elif allow_exp:  # a lower edge that spans many orders of magnitude
+                exp_lo = ~(ok_lo | sat_lo) & self._exp_ok(c_log, s_lo)
+                c_lo[exp_lo] = c_log[exp_lo]
+                ok_lo = ok_lo | exp_lo
             c_lo[sat_lo] = 0.0
             c_lo[sat_lo, -1] = -math.inf if log else 0.0
             c_hi[sat_hi] = 0.0
             exact = ~((ok_lo | sat_lo) & (ok_hi | sat_hi)) | suspect.any(axis=1)
-            code = np.where(sat_hi, ROW_TOP, 0) | np.where(exact, ROW_EXACT, 0)
-            coef = np.stack((c_lo, c_hi), axis=2).reshape(-1, ROW)
-            out[log] = (coef, code.astype(np.int32))
+            code = _table_layout.row_code(sat_hi, exact, exp_lo & ~exact)
+            coef = np.stack((c_lo, c_hi), axis=2).reshape(-1, _table_layout.ROW)
+            out[log] = (coef, code)
         return out
 
 
@@ -359,138 +392,230 @@ def _allowed(s: np.ndarray, tol: float) -> np.ndarray:
     return np.maximum(tol * np.minimum(np.maximum(np.abs(s), 1e-6), ratio), floor)
 
 
-def build_tables(div, delta: float, layout: str = "float64") -> dict[bool, Table]:
-    """Build and validate the tables of ``div`` at ``delta``: ``{log: Table}`` for log-edges
-    (``True``) and ratios (``False``); see the module docstring."""
-    kbits, tol, refine = (LAYOUTS[layout][k] for k in ("kbits", "tol", "refine"))
-    fit = _Fitter(tol)
+@functools.cache
+def _fitter(layout: str) -> _Fitter:
+    cfg = LAYOUTS[layout]
+    return _Fitter(cfg["tol"], cfg["zero_below"])
+
+
+def _cell_rows(div, delta: float, layout: str, cells: np.ndarray, first_row: int):
+    """The rows of table cells ``cells`` (indices into ``cells_info``, no catch-all cell):
+    ``({log: (coef, code)}, info)``, the rows numbered from ``first_row`` on.
+
+    One row per cell; a cell whose row misses the tolerance takes :data:`SUBBITS` more
+    mantissa bits to choose one of ``2^SUBBITS`` subrows (appended after the main rows),
+    and a subrow that still misses is marked to be solved exactly.
+    """
+    L = _table_layout
+    kbits, refine = LAYOUTS[layout]["kbits"], LAYOUTS[layout]["refine"]
+    fit = _fitter(layout)
     w = fit.w
-    z = np.concatenate((_cell_points(kbits, NB_LO, w), _cell_points(kbits, NB_HI, w)))
-    high = np.zeros(z.shape, dtype=bool)
-    n_low = NB_LO << kbits
-    high[n_low:] = True
-    modes = fit(*_solve_z(div, z, high, delta, refine))
+    high = cells > L.NB_LO << kbits  # past the low side's catch-all cell
+    b, j = L.cell_of_row(kbits, np.where(high, cells - 1, cells))
+    z = L.cell_z(kbits, b[:, None], j[:, None], w[None, :])
+    on_high = np.broadcast_to(high[:, None], z.shape)
+    modes = fit(*_solve_z(div, z, on_high, delta, refine), allow_exp=False)
 
-    # Rows that miss: SUBBITS more mantissa bits pick one of 2^SUBBITS subrows, appended
-    # after the main rows; subrows that still miss are solved exactly.  Then the two
-    # catch-all cells (p below 2^-NB_LO, 1 - p below 2^-NB_HI): always exact.
-    nsub = 1 << SUBBITS
-    failed = np.nonzero(((modes[True][1] | modes[False][1]) & ROW_EXACT) != 0)[0]
-    frac = ((np.arange(nsub)[:, None] + w) / nsub)[None]  # (1, nsub, points)
-    c = np.where(failed < n_low, failed, failed - n_low)
-    b, j = (c >> kbits)[:, None, None], (c & ((1 << kbits) - 1))[:, None, None]
-    z_sub = np.ldexp(1.0 + (j + frac) / (1 << kbits), -(b + 1))
-    z_sub = z_sub.reshape(failed.size * nsub, -1)
-    high_sub = np.repeat(failed >= n_low, nsub)[:, None] & np.ones(z_sub.shape[1], bool)
-    sub = fit(*_solve_z(div, z_sub, high_sub, delta, refine)) if failed.size else None
-
-    ncell = z.shape[0]
-    rows = np.arange(ncell, dtype=np.int64)
-    info = np.empty(ncell + 2, dtype=np.int64)
-    info[:n_low] = rows[:n_low] << 4
-    info[n_low + 1 : ncell + 1] = rows[n_low:] << 4
-    info[failed + (failed >= n_low)] = ((ncell + nsub * np.arange(failed.size)) << 4) | SUBBITS
-    catch_all = ncell + nsub * failed.size  # one exact row for both catch-all cells
-    info[n_low] = info[ncell + 1] = catch_all << 4
-    tables = {}
-    for log in (True, False):
-        coef, code = modes[log]
-        if sub is not None:
-            coef = np.concatenate((coef, sub[log][0]))
-            code = np.concatenate((code, sub[log][1]))
-        coef = np.concatenate((coef, np.zeros((1, ROW))))
-        code = np.concatenate((code, [ROW_EXACT])).astype(np.int32)
-        tables[log] = Table(kbits, np.ascontiguousarray(coef).reshape(-1), code, info)
-    return tables
+    nsub = 1 << L.SUBBITS
+    failed = np.nonzero(((modes[True][1] | modes[False][1]) & L.ROW_EXACT) != 0)[0]
+    info = L.pack_info(first_row + np.arange(cells.size, dtype=np.int64), 0)
+    if failed.size:
+        frac = ((np.arange(nsub)[:, None] + w) / nsub)[None]  # (1, nsub, points)
+        z_sub = L.cell_z(kbits, b[failed][:, None, None], j[failed][:, None, None], frac)
+        z_sub = z_sub.reshape(failed.size * nsub, -1)
+        high_sub = np.broadcast_to(np.repeat(high[failed], nsub)[:, None], z_sub.shape)
+        sub = fit(*_solve_z(div, z_sub, high_sub, delta, refine))
+        modes = {log: tuple(np.concatenate((m, s)) for m, s in zip(modes[log], sub[log],
+                                                                    strict=True))
+                 for log in modes}
+        info[failed] = L.pack_info(first_row + cells.size + nsub * np.arange(failed.size),
+                                   L.SUBBITS)
+    return modes, info
 
 
-def tables(div, delta: float, layout: str = "float64") -> dict[bool, Table]:
-    """The cached tables of ``div`` at ``delta``, built on first use."""
+class TableSet:
+    """Both modes' tables (log-edges and ratios) of one divergence at one radius in one
+    layout, built cell by cell as the data reaches them.
+
+    Row 0 is an exact row (its elements go to the exact solver): every cell points at it
+    until it is built, and the two catch-all cells for good.  :meth:`cover` builds the
+    cells that given elements fall in, :meth:`complete` all of them; either publishes new
+    arrays (:attr:`modes`, ``{log: Table}``) in one assignment, so that a reader never sees
+    a half-built table.  A radius that changes every call thus costs the cells its data
+    touches (a few hundred of a table's thousands for a typical batch), not a whole table.
+    """
+
+    def __init__(self, div, delta: float, layout: str):
+        L = _table_layout
+        self.div, self.delta, self.layout = div, float(delta), layout
+        self.kbits = LAYOUTS[layout]["kbits"]
+        n = L.cell_count(self.kbits)
+        self.built = np.zeros(n, dtype=bool)
+        self.built[[L.NB_LO << self.kbits, n - 1]] = True  # the catch-all cells stay exact
+        exact = (np.zeros((1, L.ROW)), L.row_code([False], [True]))
+        self._rows = {log: exact for log in (True, False)}
+        self._lock = threading.Lock()
+        self._publish(np.zeros(n, dtype=np.int64))
+
+    def _publish(self, info: np.ndarray) -> None:
+        self.modes = {log: Table(self.kbits, np.ascontiguousarray(coef).reshape(-1),
+                                 code.astype(np.int32), info)
+                      for log, (coef, code) in self._rows.items()}
+
+    @property
+    def is_complete(self) -> bool:
+        return bool(self.built.all())
+
+    @property
+    def is_empty(self) -> bool:
+        return self._rows[True][0].shape[0] == 1
+
+    def cover(self, x: np.ndarray, logp: bool) -> bool:
+        """Build the cells that the elements of the flat array ``x`` (p, or log p) fall
+        in; whether there was any to build."""
+        touched = np.zeros(self.built.size, dtype=np.uint8)
+        closed = LP_CLOSED if logp else math.exp(LP_CLOSED)
+        _table_kernels.touched_cells(x, bool(logp), self.kbits, closed, touched)
+        return self._add(np.nonzero(touched.view(bool) & ~self.built)[0])
+
+    def complete(self) -> dict[bool, Table]:
+        """Every cell built: ``{log: Table}``."""
+        self._add(np.nonzero(~self.built)[0])
+        return self.modes
+
+    def _add(self, cells: np.ndarray) -> bool:
+        with self._lock:
+            cells = cells[~self.built[cells]]
+            if not cells.size:
+                return False
+            first = self._rows[True][0].shape[0]
+            rows, info_new = _cell_rows(self.div, self.delta, self.layout, cells, first)
+            for log, (coef, code) in rows.items():
+                old_coef, old_code = self._rows[log]
+                self._rows[log] = (np.concatenate((old_coef, coef)),
+                                   np.concatenate((old_code, code)))
+            info = self.modes[True].cells_info.copy()
+            info[cells] = info_new
+            self.built[cells] = True
+            self._publish(info)
+            return True
+
+    @classmethod
+    def from_tables(cls, div, delta: float, layout: str, found: dict[bool, Table]):
+        """A complete set from stored tables (:mod:`._table_store`)."""
+        out = cls(div, delta, layout)
+        out._rows = {log: (t.coef.reshape(-1, _table_layout.ROW), t.row_code)
+                     for log, t in found.items()}
+        out.built[:] = True
+        out._publish(found[True].cells_info)
+        return out
+
+
+def build_tables(div, delta: float, layout: str = "float64") -> dict[bool, Table]:
+    """Build and validate every cell of the tables of ``div`` at ``delta``: ``{log: Table}``
+    for log-edges (``True``) and ratios (``False``); see :class:`TableSet` and
+    :mod:`._table_layout`."""
+    return TableSet(div, delta, layout).complete()
+
+
+def table_set(div, delta: float, layout: str = "float64") -> TableSet:
+    """The cached :class:`TableSet` of ``div`` at ``delta`` (nothing built yet when new)."""
     key = (*_key(div), float(delta), layout)
     with _LOCK:
         found = _TABLES.get(key)
-        if found is not None:
-            _TABLES.move_to_end(key)
-            return found
-    built = _stored_or_built(div, delta, layout)
-    with _LOCK:
-        _TABLES[key] = built
-        while len(_TABLES) > MAX_TABLES:
-            _TABLES.popitem(last=False)
-    return built
+        if found is None:
+            found = _TABLES[key] = TableSet(div, delta, layout)
+            while len(_TABLES) > MAX_TABLES:
+                _TABLES.popitem(last=False)
+        _TABLES.move_to_end(key)
+        return found
 
 
-def _stored_or_built(div, delta: float, layout: str) -> dict[bool, Table]:
-    """The tables from the private cache (:mod:`._table_store`: verified arrays, no pickle)
-    when an earlier process built them with the same kernels and code, else built here and
-    stored."""
-    kbits = LAYOUTS[layout]["kbits"]
-    k = _table_store.key(kernels(div).__name__, delta,
-                         f"{layout} {sorted(LAYOUTS[layout].items())} {SUBBITS} {NB_LO} {NB_HI}")
-    cells = ((NB_LO + NB_HI) << kbits) + 2
-    found = _table_store.load(k, kbits, cells, ROW, Table)
-    if found is None:
-        found = build_tables(div, delta, layout)
-        _table_store.store(k, found)
-    return found
+def tables(div, delta: float, layout: str = "float64") -> dict[bool, Table]:
+    """The complete tables of ``div`` at ``delta`` (what the device path copies to its
+    device): from the private cache when an earlier process stored them, else built and
+    stored (:mod:`._table_store`: verified arrays, no pickle)."""
+    ts = table_set(div, delta, layout)
+    if ts.is_complete:
+        return ts.modes
+    if ts.is_empty:
+        kbits = LAYOUTS[layout]["kbits"]
+        k = _table_store.key(kernels(div).__name__, delta,
+                             f"{layout} {sorted(LAYOUTS[layout].items())}")
+        found = _table_store.load(k, kbits, _table_layout.cell_count(kbits),
+                                  _table_layout.ROW, Table)
+        if found is None:
+            found = build_tables(div, delta, layout)
+            _table_store.store(k, found)
+        ts = TableSet.from_tables(div, delta, layout, found)
+        with _LOCK:
+            _TABLES[(*_key(div), float(delta), layout)] = ts
+        return ts.modes
+    return ts.complete()
 
 
 # ----------------------------------------------------------------------------- backend
 
 
-def _scalar_delta(delta):
-    if isinstance(delta, bool):
-        return None
-    if isinstance(delta, (int, float, np.floating)):
-        return float(delta)
-    if isinstance(delta, np.ndarray) and delta.ndim == 0 and delta.dtype.kind in "fi":
-        return float(delta)
-    return None
-
-
-def _fast(div, p, delta, *, logp, invalid, check, log):
-    """The closed-form pass (ratios of p, where :func:`has_closed_pass`) or the table path;
-    None when the input does not qualify (not a float array with one scalar delta)."""
-    d = _scalar_delta(delta)
-    if (
-        d is None
-        or not isinstance(p, np.ndarray)
-        or p.dtype not in (np.float32, np.float64)
-        or p.size == 0
-    ):
-        return None
-    if not (d > 0 and math.isfinite(d)):
-        if check and invalid == "raise":
-            raise BandError(f"delta must lie in (0, inf); got {d!r}")
-        return None  # the general path gives nan everywhere
+def _fast(div, p, delta, *, logp, invalid, check, log, closed_pass: bool):
+    """The closed-form pass (``closed_pass``) or the table path, for a float32 or float64
+    array ``p`` and one valid scalar ``delta`` (:func:`fbands.bands.choose_path` decided)."""
+    d = scalar_delta(delta)
     mod = kernels(div)
     x = np.ascontiguousarray(p).reshape(-1)
     out_lo = np.empty(x.shape, dtype=p.dtype)
     out_hi = np.empty(x.shape, dtype=p.dtype)
-    block_bad = np.empty(-(-x.size // BLOCK), dtype=np.int64)
     closed = LP_CLOSED if logp else math.exp(LP_CLOSED)
     at_one = lower_at_one(div, d, log)
     layout = "float32" if p.dtype == np.float32 else "float64"
-    if not (logp or log) and has_closed_pass(div):
+    if closed_pass:
+        block_bad = np.empty(_blocks(x.size), dtype=np.int64)
         mod.closed_pass(x, d, closed, at_one, LAYOUTS[layout]["small_edge"], out_lo, out_hi,
                         block_bad)
+        idx = _table_kernels.unfinished(out_lo, block_bad) if block_bad.any() else np.arange(0)
     else:
-        tab = tables(div, d, layout)[bool(log)]
-        mod.table_pass(x, bool(logp), bool(log), tab.coef, tab.row_code, tab.cells_info,
-                       tab.kbits, NB_LO, NB_HI, closed, at_one, out_lo, out_hi, block_bad)
-    if block_bad.any():  # a few elements left: the exact path, on those alone
-        idx = mod.unfinished(out_lo, block_bad)
+        ts = table_set(div, d, layout)
+        if ts.is_empty:  # a radius new to this process: first the cells the data reaches
+            ts.cover(x, logp)
+        idx = _read_table(ts.modes[bool(log)], x, logp, log, closed, at_one, out_lo, out_hi)
+        if idx.size and not ts.is_complete and ts.cover(x[idx], logp):
+            # Some elements fell in cells not built yet (row 0, exact): read them again.
+            sub = x[idx]
+            sub_lo, sub_hi = np.empty_like(out_lo[idx]), np.empty_like(out_hi[idx])
+            left = _read_table(ts.modes[bool(log)], sub, logp, log, closed, at_one, sub_lo,
+                               sub_hi)
+            out_lo[idx], out_hi[idx] = sub_lo, sub_hi
+            idx = idx[left]
+    if idx.size:  # a few elements left: the exact path, on those alone
         sub = x[idx]
         if check and invalid == "raise":
             with np.errstate(invalid="ignore"):
-                bad_p, _ = invalid_masks(sub, np.float64(d), logp, np.isnan, np.isinf)
+                bad_p, _ = invalid_masks(sub, d, logp)
             if bad_p.any():  # report the first invalid element of the whole array
-                with np.errstate(invalid="ignore"):
-                    bad_p, bad_d = invalid_masks(p, np.float64(d), logp, np.isnan, np.isinf)
-                raise_invalid(bad_p, p, bad_d, np.float64(d), logp)
+                check_values(p, d, logp)
         out_lo[idx], out_hi[idx] = _exact(div, sub, d, logp=logp, invalid="nan", check=False,
                                           log=log)
     return out_lo.reshape(p.shape), out_hi.reshape(p.shape)
+
+
+def _blocks(n: int) -> int:
+    return -(-n // BLOCK)
+
+
+def _read_table(tab: Table, x, logp, log, closed, at_one, out_lo, out_hi) -> np.ndarray:
+    """The table pass over the flat array ``x`` into ``out_lo``, ``out_hi``, then the rows
+    whose lower edge is an exponential; returns the indices of the elements left to the
+    exact solver."""
+    block_bad = np.empty(_blocks(x.size), dtype=np.int64)
+    _table_kernels.table_pass(x, bool(logp), bool(log), tab.coef, tab.row_code,
+                              tab.cells_info, tab.kbits, closed, at_one, out_lo, out_hi,
+                              block_bad)
+    idx = _table_kernels.unfinished(out_lo, block_bad) if block_bad.any() else np.arange(0)
+    if idx.size and tab.exp_lo:
+        idx = idx[_table_kernels.finish_exp_rows(x, idx, bool(logp), tab.coef, tab.row_code,
+                                                 tab.cells_info, tab.kbits, closed, at_one,
+                                                 out_lo, out_hi)]
+    return idx
 
 
 def lower_at_one(div, delta: float, log: bool) -> float:
@@ -510,15 +635,14 @@ def lower_at_one(div, delta: float, log: bool) -> float:
     return found
 
 
-def _general(div, p, delta, *, logp, invalid, check, log):
-    """Every element by the scalar solver (refined in extended precision where float64
-    cannot resolve a lower edge, as the numpy backend does)."""
+def _exact(div, p, delta, *, logp, invalid, check, log):
+    """Every element by the scalar form of the solver (refined in extended precision where
+    float64 cannot resolve a lower edge, as the numpy backend does)."""
     x = NumpyInputs(p, delta, logp=logp, invalid=invalid, check=check)
-    mod = kernels(div)
     flat = [np.ascontiguousarray(a, dtype=np.float64).reshape(-1)
             for a in (x.lp, x.lq, x.p, x.q, x.delta)]
     lo, hi = np.empty_like(flat[0]), np.empty_like(flat[0])
-    mod.solve_arrays(*flat, lo, hi)
+    kernels(div).solve_arrays(*flat, lo, hi)
     with np.errstate(all="ignore"):
         refine = LAYOUTS["float32" if x.dtype == np.float32 else "float64"]["refine"]
         lo = numpy_backend.refine_near_saturation(div, _solver.Inputs(*flat), lo,
@@ -526,38 +650,12 @@ def _general(div, p, delta, *, logp, invalid, check, log):
     return x.finish(lo.reshape(x.shape), hi.reshape(x.shape), log=log)
 
 
-def _special(p, logp: bool):
-    """Elements the shared solver treats apart: ``p == 1`` (the limit equation) and
-    ``log p < LP_CLOSED`` (closed forms underflow; tails of f)."""
-    x = np.asarray(p)
-    one, small = (0.0, LP_CLOSED) if logp else (1.0, math.exp(LP_CLOSED))
-    return (x == one) | (x < small)
-
-
-def _exact(div, p, delta, *, logp, invalid, check, log):
-    """The general path, with the special elements handed to the numpy solver."""
-    out = _general(div, p, delta, logp=logp, invalid=invalid, check=check, log=log)
-    special = _special(p, logp)
-    if not special.any():
-        return out
-    solve = numpy_backend.log_edges if log else numpy_backend.edges
-    if np.ndim(out[0]) == 0:  # a scalar: the numpy backend answers it whole
-        return solve(div, p, delta, logp=logp, invalid=invalid, check=check)
-    lo, hi = (np.array(a, copy=True) for a in out)
-    shape = lo.shape
-    special = np.broadcast_to(special, shape)
-    d = np.broadcast_to(np.asarray(delta, dtype=np.float64), shape)[special]
-    x = np.broadcast_to(np.asarray(p, dtype=np.float64), shape)[special]
-    s_lo, s_hi = solve(div, x, d, logp=logp, invalid="nan", check=False)
-    lo[special], hi[special] = s_lo, s_hi
-    return lo, hi
-
-
 def _run(div, p, delta, *, logp, invalid, check, log):
-    out = _fast(div, p, delta, logp=logp, invalid=invalid, check=check, log=log)
-    if out is None:
-        out = _exact(div, p, delta, logp=logp, invalid=invalid, check=check, log=log)
-    return out
+    path = bands.choose_path("numba", div, p, delta, logp=logp, log=log)
+    if path == bands.EXACT:
+        return _exact(div, p, delta, logp=logp, invalid=invalid, check=check, log=log)
+    return _fast(div, p, delta, logp=logp, invalid=invalid, check=check, log=log,
+                 closed_pass=path == bands.CLOSED_PASS)
 
 
 def log_edges(div, p, delta, *, logp, invalid, check):

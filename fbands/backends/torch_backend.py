@@ -1,16 +1,36 @@
-"""torch backend: the shared solver (:mod:`fbands._solver`) on tensors, on any device.
+"""torch backend: the band on tensors, on any device, with no host synchronisation.
 
-The band of every element is computed by the same code as the numpy backend, bound to torch
-functions through a small adapter namespace (:class:`TorchNamespace`).  What differs is how
-the work is scheduled:
+Which way a call is computed is decided by :func:`fbands.bands.choose_path` (the table is in
+its docstring and in the docs' implementation notes); this module carries out the three
+torch paths:
 
-* **No host synchronisation.**  Root finding runs a fixed number of Newton steps
-  (:data:`FIXED_ITER`, ``fixed_iter`` of :func:`fbands._solver.newton_edge`) instead of
-  stopping when the data says so, and nothing on the hot path calls ``.item()``, ``.any()``
-  or ``bool()`` on a tensor.  With ``check=False`` the whole computation is a fixed graph of
-  elementwise kernels: it runs under ``torch.compile`` and inside a CUDA graph.  With
-  ``check=True`` (the default) the input is validated first, which costs one
-  synchronisation (the test ``bad.any()``) to be able to raise.
+* ``numba``: a CPU tensor is handed to the numba backend (:mod:`.numba_backend`) through a
+  zero-copy numpy view (bf16 and fp16 through a float64 copy): on a CPU its passes are much
+  faster than elementwise torch kernels, and they agree with them to 1e-12.
+* ``device-table`` (a tensor and one scalar ``delta``: the usual call on a GPU): the numba
+  backend's interpolation tables for the (divergence, delta) pair, copied to the device
+  once, are read with torch operations (:func:`_table_edges`: bit fields, gathers and two
+  Horner chains, a few dozen elementwise kernels), and the elements the tables leave
+  (rows marked exact, ``log p < LP_CLOSED``) are solved by the fixed-count solver on
+  their own (:func:`_fix_up`).  With ``check=False`` that is sync-free: the leftovers are
+  gathered by ``torch.nonzero_static`` into a buffer of static size :func:`capacity`;
+  should more elements need the solver than it holds, those beyond it get nan (never a
+  silently wrong edge).  With ``check=True`` the validation's one synchronisation also
+  counts the leftovers, and all of them are solved, whatever their number.
+* ``device-solver`` (a per-token ``delta`` tensor, MPS, no numba): the shared solver
+  (:mod:`fbands._solver`) on every element, bound to torch through
+  :class:`TorchNamespace`, with a fixed number of Newton steps (:data:`NEWTON_STEPS`)
+  instead of a data-dependent stop: a fixed graph of elementwise kernels, with no host
+  synchronisation (it traces under ``torch.compile(fullgraph=True)``).
+
+Tests and benchmarks force a path with the ``path`` keyword of :func:`edges` and
+:func:`log_edges` (for instance the device path on CPU tensors, which is how the tests run
+every CUDA path here); ``check`` only switches validation, never the path.
+
+Common to all:
+
+* **Validation** (:class:`fbands._inputs.TensorInputs`, the one input contract of every
+  backend): ``check=True`` costs one synchronisation (``bad.any()``), to be able to raise.
 * **Precision.**  The work is done in float64 (float32 on devices without float64, such as
   Apple's MPS) and the result is cast back to the input's dtype once, so bfloat16 and
   float16 inputs get correctly rounded edges.
@@ -23,25 +43,11 @@ the work is scheduled:
   elementwise kernels.
 * **Device and shape.**  The result lives on ``p``'s device with the broadcast shape of
   ``p`` and ``delta``; ``delta`` may be a float, an array or a per-token tensor.
-* **Tables on the device.**  A validated call (``check=True``, the default) with one
-  Python-number ``delta`` reads the numba backend's interpolation tables with torch
-  operations on the tensor's device (:func:`_table_edges`): a few dozen elementwise
-  kernels instead of a Newton iteration, and the validation's one synchronisation also
-  counts the few elements the table leaves, which the fixed-count solver then finishes.
-  ``check=False`` keeps the sync-free solver.  Set :data:`USE_TABLES` to False to turn
-  the tables off.
-* **CPU tensors** are handed to the numba backend (:mod:`fbands.backends.numba_backend`)
-  through a zero-copy numpy view (bf16 and fp16 through a float64 copy) when numba is
-  installed and the call is not being traced by ``torch.compile``: on a CPU its table path
-  is much faster than a fixed-count Newton iteration in elementwise torch kernels, and
-  both agree to 1e-12.  Set :data:`CPU_KERNEL` to ``"torch"`` to keep CPU tensors on the
-  torch solver.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
@@ -52,19 +58,44 @@ try:
 except ModuleNotFoundError as exc:
     raise_missing(exc, "the torch backend")
 
+from fbands import bands
+from fbands._inputs import (
+    TensorInputs,
+    finish_edges,
+    invalid_masks,
+    raise_invalid,
+    scalar_delta,
+    work_dtype,
+)
 from fbands._solver import LP_CLOSED, BandFunction, Inputs, solve
-from fbands.bands import invalid_masks, raise_invalid
 from fbands.errors import BandError
 
 __all__ = [
-    "CPU_KERNEL", "FIXED_ITER", "ImplicitEdges", "TorchNamespace", "compute_dtype", "log_edges",
-    "edges",
+    "MIN_CAPACITY", "NEWTON_STEPS", "ImplicitEdges", "TorchNamespace", "capacity",
+    "compute_dtype", "edges", "log_edges",
 ]
 
-#: Newton steps per edge for divergences without a closed form.  Enough for every built-in
-#: divergence to reach full float64 accuracy from the solver's initial guess for p in
-#: [1e-12, 1 - 1e-9] and delta in [1e-4, 1] (the slowest, kl, needs about 45).
-FIXED_ITER = 60
+#: Newton steps per edge of the fixed-count solver.  Enough for every built-in divergence
+#: to reach full float64 accuracy from the solver's initial guess for p in [1e-12, 1 - 1e-9]
+#: and delta in [1e-4, 1] (the slowest, kl, needs about 45).
+NEWTON_STEPS = 60
+#: The fix-up buffer of the sync-free table path holds at least this many elements: on a
+#: GPU the fixed-count solver's elementwise kernels cost their launch, not their size,
+#: up to about this many float64 elements, so a smaller buffer would save nothing.
+MIN_CAPACITY = 1 << 18
+#: ... and at least one element in this many: the tables leave about 1e-4 of LLM-shaped
+#: data and a few percent at worst on the measured p distributions.
+CAPACITY_SHARE = 16
+
+
+def capacity(n: int) -> int:
+    """Size of the sync-free fix-up buffer for ``n`` elements: all of them up to
+    :data:`MIN_CAPACITY`, then one in :data:`CAPACITY_SHARE`."""
+    return min(n, max(MIN_CAPACITY, -(-n // CAPACITY_SHARE)))
+
+
+#: The work dtype of a device (the name this module always had).
+compute_dtype = work_dtype
 
 
 class TorchNamespace:
@@ -105,10 +136,6 @@ class TorchNamespace:
         return torch.maximum(a, b)
 
 
-#: Which solver CPU tensors use: ``"numba"`` (when importable and not under torch.compile)
-#: or ``"torch"``.
-CPU_KERNEL = "numba"
-
 _NAMESPACES: dict[torch.dtype, TorchNamespace] = {}
 
 
@@ -117,83 +144,6 @@ def _namespace(dtype: torch.dtype) -> TorchNamespace:
     if dtype not in _NAMESPACES:
         _NAMESPACES[dtype] = TorchNamespace(dtype)
     return _NAMESPACES[dtype]
-
-
-def compute_dtype(device: torch.device) -> torch.dtype:
-    """float64, or float32 on devices without float64 arithmetic (MPS)."""
-    return torch.float32 if torch.device(device).type == "mps" else torch.float64
-
-
-def _prepare(p: Any, delta: Any, *, logp: bool, invalid: str, check: bool):
-    """Validate and broadcast; returns the tensors the solver and :func:`_finish` need."""
-    if isinstance(p, torch.Tensor):
-        kind = "tensor"
-        t = p.detach()
-    else:
-        kind = "float" if isinstance(p, (int, float)) and not isinstance(p, bool) else "array"
-        t = torch.as_tensor(np.asarray(p))
-    if t.dtype == torch.bool or t.is_complex():
-        raise BandError(f"p must be real numbers, got dtype {t.dtype}")
-    out_dtype = t.dtype if t.is_floating_point() else torch.float64
-    device = t.device
-    work = compute_dtype(device)
-    x = t.to(work)
-    if isinstance(delta, torch.Tensor):
-        d = delta.detach().to(device=device, dtype=work)
-    elif isinstance(delta, (int, float)) and not isinstance(delta, bool):
-        d = torch.full_like(x, float(delta))  # a fill on the device, not a host copy
-    else:
-        try:
-            d = torch.as_tensor(np.asarray(delta, dtype=np.float64)).to(device=device,
-                                                                       dtype=work)
-        except (TypeError, ValueError) as err:
-            raise BandError(f"delta must be a number or an array of numbers: {err}") from err
-    try:
-        x, d = torch.broadcast_tensors(x, d)
-    except RuntimeError as err:
-        raise BandError(
-            f"delta of shape {tuple(d.shape)} does not broadcast against p of shape "
-            f"{tuple(x.shape)}"
-        ) from err
-
-    bad = None
-    if check or invalid == "nan":
-        bad_p, bad_d = invalid_masks(x, d, logp, torch.isnan, torch.isinf)
-        bad = bad_p | bad_d
-        if check and invalid == "raise" and bool(bad.any()):  # the one (documented) sync
-            raise_invalid(*(t.cpu().numpy() for t in (bad_p, x, bad_d, d)), logp)
-        x = torch.where(bad, -math.log(2.0) if logp else 0.5, x)
-        d = torch.where(bad, 1.0, d)
-    if logp:
-        lp = x
-        pp = torch.exp(lp)
-        q = -torch.expm1(lp)
-    else:
-        pp = x
-        lp = torch.log(x)
-        q = 1.0 - x
-    q = torch.clamp(q, min=1e-300 if work == torch.float64 else 1e-38)
-    lq = torch.log(q)
-    return kind, out_dtype, Inputs(lp, lq, pp, q, d), bad
-
-
-def _finish(kind, out_dtype, x: Inputs, bad, lo, hi, *, log: bool):
-    zero = x.lp == -math.inf  # logp = -inf: the p -> 0 limit [0, inf)
-    lo = torch.where(zero, -math.inf, lo)
-    hi = torch.where(zero, math.inf, hi)
-    if not log:
-        top = hi == -x.lp
-        lo = torch.exp(lo)
-        hi = torch.where(top, 1.0 / x.p, torch.exp(hi))
-    if bad is not None:
-        lo = torch.where(bad, math.nan, lo)
-        hi = torch.where(bad, math.nan, hi)
-    lo, hi = lo.to(out_dtype), hi.to(out_dtype)
-    if kind == "tensor":
-        return lo, hi
-    if kind == "float":
-        return float(lo), float(hi)
-    return lo.numpy(), hi.numpy()
 
 
 def _kernels(div, dtype: torch.dtype):
@@ -212,60 +162,45 @@ def _kernels(div, dtype: torch.dtype):
     return found
 
 
-def solve_log_edges(div, x: Inputs, *, fixed_iter: int | None = None, tiny=True, at_one=True):
-    """``(log lower, log upper)`` for prepared inputs, with no host synchronisation.
-
-    ``tiny`` and ``at_one`` say whether the inputs may hold ``log p < LP_CLOSED`` or
-    ``p == 1`` (see :func:`fbands._solver.solve`); True is always right, False saves work.
-    """
+def solve_log_edges(div, x: Inputs, *, tiny: bool = True, at_one: bool = True):
+    """``(log lower, log upper)`` for prepared inputs: the fixed-count solver, with no host
+    synchronisation.  ``tiny`` and ``at_one`` say whether some element may have ``log p``
+    below ``LP_CLOSED`` or ``p == 1`` (see :func:`fbands._solver.solve`): True is always
+    right, False skips a branch (for a closed-form divergence, nearly all the work)."""
     dtype = x.lp.dtype
-    return solve(
-        div, _namespace(dtype), x, kernels=_kernels(div, dtype),
-        fixed_iter=FIXED_ITER if fixed_iter is None else fixed_iter, tiny=tiny, at_one=at_one,
-    )
+    return solve(div, _namespace(dtype), x, kernels=_kernels(div, dtype),
+                 fixed_iter=NEWTON_STEPS, tiny=tiny, at_one=at_one)
 
 
-def _numba_for_cpu(p, delta):
-    """The numba backend module when it should take this call, else None."""
-    if CPU_KERNEL != "numba" or not isinstance(p, torch.Tensor) or p.device.type != "cpu":
-        return None
-    if not p.is_floating_point():
-        return None
-    if isinstance(delta, torch.Tensor) and delta.device.type != "cpu":
-        return None
-    if torch.compiler.is_compiling():
-        return None
-    try:
-        from fbands.backends import numba_backend
-    except ImportError:
-        return None
-    return numba_backend
+def _run_numba(div, p, delta, *, logp, invalid, check, log):
+    """The ``numba`` path: a CPU tensor through a numpy view, and back."""
+    from fbands.backends import numba_backend
 
-
-def _run_numba(module, div, p, delta, *, logp, invalid, check, log):
     # float32 and float64 as a view (no copy); bf16 and fp16, which numpy lacks, in float64,
     # so that the edges are rounded to them once
     native = p.dtype in (torch.float32, torch.float64)
     x = (p.detach() if native else p.detach().to(torch.float64)).numpy()
     if isinstance(delta, torch.Tensor):
         delta = delta.detach().to(torch.float64).numpy()
-    fn = module.log_edges if log else module.edges
+    fn = numba_backend.log_edges if log else numba_backend.edges
     lo, hi = fn(div, x, delta, logp=logp, invalid=invalid, check=check)
     lo, hi = torch.from_numpy(np.asarray(lo)), torch.from_numpy(np.asarray(hi))
     return (lo, hi) if native else (lo.to(p.dtype), hi.to(p.dtype))
 
 
-def _run(div, p, delta, *, logp, invalid, check, log):
+def _run(div, p, delta, *, logp, invalid, check, log, path, capacity):
+    options = dict(logp=logp, invalid=invalid, check=check, log=log, path=path,
+                   capacity=capacity)
     if torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in (p, delta)
     ):
         if not isinstance(p, torch.Tensor):
             raise BandError("gradients need p as a tensor (delta alone requires grad)")
+        radius = delta
         if not isinstance(delta, torch.Tensor):  # float64: the radius is not rounded to p's dtype
             delta = torch.tensor(float(delta), dtype=torch.float64, device=p.device)
-        options = dict(logp=logp, invalid=invalid, check=check, log=log)
-        return ImplicitEdges.apply(p, delta, div, options)
-    return _solve(div, p, delta, logp=logp, invalid=invalid, check=check, log=log)
+        return ImplicitEdges.apply(p, delta, div, radius, options)
+    return _solve(div, p, delta, **options)
 
 
 class ImplicitEdges(torch.autograd.Function):
@@ -285,21 +220,23 @@ class ImplicitEdges(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, p, delta, div, options):
+    def forward(ctx, p, delta, div, radius, options):
+        # radius: delta as given (a float takes the same path as without autograd)
         ctx.div, ctx.options = div, options
         ctx.save_for_backward(p, delta)
-        return _solve(div, p.detach(), delta.detach(), **options)
+        radius = radius.detach() if isinstance(radius, torch.Tensor) else radius
+        return _solve(div, p.detach(), radius, **options)
 
     @staticmethod
     def backward(ctx, grad_lo, grad_hi):
         p, delta = ctx.saved_tensors
         div, opt = ctx.div, ctx.options
-        work = compute_dtype(p.device)
+        work = work_dtype(p.device)
         with torch.no_grad():
             x, d = torch.broadcast_tensors(p.detach().to(work), delta.detach().to(work))
             s_lo, s_hi = _solve(div, x, d, logp=opt["logp"], invalid="nan", check=False,
                                 log=True)
-            _, _, inputs, _ = _prepare(x, d, logp=opt["logp"], invalid="nan", check=False)
+            inputs = TensorInputs(x, d, logp=opt["logp"], invalid="nan", check=False).inputs
             fun = BandFunction(div, _namespace(work), inputs, kernels=_kernels(div, work))
             grad_x = torch.zeros_like(x)
             grad_d = torch.zeros_like(d)
@@ -313,7 +250,7 @@ class ImplicitEdges(torch.autograd.Function):
         grad_p = grad_x.to(p.dtype).sum_to_size(p.shape) if ctx.needs_input_grad[0] else None
         grad_delta = (grad_d.to(delta.dtype).sum_to_size(delta.shape)
                       if ctx.needs_input_grad[1] else None)
-        return grad_p, grad_delta, None, None
+        return grad_p, grad_delta, None, None, None
 
 
 def _edge_derivatives(fun: BandFunction, x: Inputs, s):
@@ -332,78 +269,96 @@ def _edge_derivatives(fun: BandFunction, x: Inputs, s):
     return ds_dp, ds_dd
 
 
-def _solve(div, p, delta, *, logp, invalid, check, log):
-    module = _numba_for_cpu(p, delta)
-    if module is not None:
-        return _run_numba(module, div, p, delta, logp=logp, invalid=invalid, check=check,
-                          log=log)
-    if check and USE_TABLES:
-        out = _table_solve(div, p, delta, logp=logp, invalid=invalid, log=log)
-        if out is not None:
-            return out
+def _solve(div, p, delta, *, logp, invalid, check, log, path=None, capacity=None):
+    """The band along the path :func:`fbands.bands.choose_path` picks (or ``path``)."""
+    chosen = bands.choose_path("torch", div, p, delta, logp=logp, log=log, path=path)
+    if chosen == bands.NUMBA:
+        return _run_numba(div, p, delta, logp=logp, invalid=invalid, check=check, log=log)
     with torch.no_grad():
-        kind, out_dtype, x, bad = _prepare(p, delta, logp=logp, invalid=invalid, check=check)
-        if check:  # validation synchronised already: look at the data to skip unused paths
-            tiny, at_one = bool((x.lp < LP_CLOSED).any()), bool((x.lp == 0).any())
-        else:
-            tiny = at_one = True
-        lo, hi = solve_log_edges(div, x, tiny=tiny, at_one=at_one)
-        return _finish(kind, out_dtype, x, bad, lo, hi, log=log)
+        if chosen == bands.DEVICE_TABLE:
+            return _table_solve(div, p, scalar_delta(delta), logp=logp, invalid=invalid,
+                                check=check, log=log, size=capacity)
+        x = TensorInputs(p, delta, logp=logp, invalid=invalid, check=check)
+        lo, hi = solve_log_edges(div, x.inputs, tiny=x.tiny, at_one=x.at_one)
+        return x.finish(lo, hi, log=log)
 
 
 # ----------------------------------------------------------------------------- tables
 
 
-#: Whether validated calls (``check=True``) with one scalar delta use the numba backend's
-#: interpolation tables, evaluated by torch on the tensor's device.
-USE_TABLES = True
+def _table_solve(div, p, d: float, *, logp, invalid, check, log, size=None):
+    """The ``device-table`` path: every element read from the tables, then the exact
+    fixed-count solver on the elements they leave (see the module docstring).
 
-
-def _table_solve(div, p, delta, *, logp, invalid, log):
-    """The table path on the device, or None where it does not apply.
-
-    It applies to tensors with a float64-capable device and a Python-number ``delta``, when
-    numba is there to build the tables (:func:`fbands.backends.numba_backend.tables`, cached
-    per divergence and delta; copied to each device once).  Every element is read from the
-    table (:func:`_table_edges`, elementwise kernels with no synchronisation); then one
-    synchronisation, the one validation costs anyway, counts the invalid elements (to
-    raise) and those the table leaves, which are solved by the fixed-count solver on their
-    own.
+    ``check=True``: one synchronisation counts the invalid elements (to raise) and the
+    leftovers (all of them are solved).  ``check=False``: none; the leftovers go through a
+    buffer of static size ``size`` (default :func:`capacity`), and any beyond it get nan.
     """
-    if (
-        not isinstance(p, torch.Tensor)
-        or not p.is_floating_point()
-        or isinstance(delta, bool)
-        or not isinstance(delta, (int, float))
-        or compute_dtype(p.device) != torch.float64
-        or torch.compiler.is_compiling()
-    ):
-        return None
-    d = float(delta)
-    if not (d > 0 and math.isfinite(d)):
-        return None  # the general path raises or gives nan
-    try:
-        from fbands.backends import numba_backend
-    except ImportError:
-        return None
     layout = "float64" if p.dtype == torch.float64 else "float32"
-    tab = numba_backend.tables(div, d, layout)[bool(log)]
-    with torch.no_grad():
-        x = p.detach().reshape(-1).to(torch.float64)
-        at_one = numba_backend.lower_at_one(div, d, log)
-        lo, hi, more = _table_edges(tab, x, at_one, logp=logp, log=log)
-        bad_p, bad_d = invalid_masks(x, x.new_tensor(d), logp, torch.isnan, torch.isinf)
-        n_bad, n_more = torch.stack((bad_p.sum(), more.sum())).tolist()  # the one sync
+    tab, at_one = _tables(div, d, layout, bool(log))
+    x = p.detach().reshape(-1).to(torch.float64)
+    lo, hi, more = _table_edges(tab, x, at_one, logp=logp, log=log)
+    bad, _ = invalid_masks(x, d, logp)  # (d: a valid number, checked on the host)
+    zero = x == -math.inf if logp else torch.zeros_like(bad)  # the p -> 0 limit [0, inf)
+    more = more & ~(bad | zero)
+    left = None
+    tiny = True  # whether some leftover may need the solver's tiny-p branch
+    if check:  # the one sync: to raise, and to size the fix-up (and skip unused branches)
+        small = x < LP_CLOSED if logp else x < math.exp(LP_CLOSED)
+        n_bad, n_more, tiny = torch.stack((bad.sum(), more.sum(), (more & small).sum())).tolist()
         if n_bad and invalid == "raise":  # indices of p's own shape in the message
-            raise_invalid(bad_p.reshape(p.shape).cpu().numpy(), x.reshape(p.shape).cpu().numpy(),
-                          bad_d.cpu().numpy(), np.float64(d), logp)
-        if n_more:
-            idx = torch.nonzero_static(more, size=n_more).reshape(-1)
-            kind, _, sub, bad = _prepare(x[idx], d, logp=logp, invalid="nan", check=False)
-            s_lo, s_hi = solve_log_edges(div, sub)
-            s_lo, s_hi = _finish(kind, torch.float64, sub, bad, s_lo, s_hi, log=log)
-            lo[idx], hi[idx] = s_lo, s_hi
-        return lo.to(p.dtype).reshape(p.shape), hi.to(p.dtype).reshape(p.shape)
+            raise_invalid(bad.reshape(p.shape), x.reshape(p.shape), False, d, logp)
+        size = n_more
+    else:
+        size = capacity(x.numel()) if size is None else min(int(size), x.numel())
+        if size < x.numel():
+            left = more & (torch.cumsum(more, 0) > size)  # beyond the buffer: nan
+    if size:
+        lo, hi = _fix_up(div, x, d, lo, hi, more, size, logp=logp, log=log, tiny=bool(tiny))
+    lo = torch.where(zero, -math.inf if log else 0.0, lo)
+    hi = torch.where(zero, math.inf, hi)
+    unknown = bad if left is None else bad | left
+    lo = torch.where(unknown, math.nan, lo)
+    hi = torch.where(unknown, math.nan, hi)
+    return lo.to(p.dtype).reshape(p.shape), hi.to(p.dtype).reshape(p.shape)
+
+
+def _tables(div, d: float, layout: str, log: bool):
+    """The numba backend's table of ``div`` at ``d`` and its lower edge at ``p = 1``, kept on
+    the divergence in a plain dict (which ``torch.compile`` traces once the entry exists),
+    as many as the numba backend's own cache holds."""
+    from fbands.backends import numba_backend
+
+    cache = div.__dict__.get("_torch_tables")
+    if cache is None:
+        cache = div.__dict__.setdefault("_torch_tables", {})
+    key = (d, layout, log)
+    found = cache.get(key)
+    if found is None:
+        found = (numba_backend.tables(div, d, layout)[log],
+                 numba_backend.lower_at_one(div, d, log))
+        while len(cache) >= numba_backend.MAX_TABLES:
+            del cache[next(iter(cache))]
+        cache[key] = found
+    return found
+
+
+def _fix_up(div, x, d: float, lo, hi, more, size: int, *, logp, log, tiny=True):
+    """``lo, hi`` with the first ``size`` elements marked ``more`` solved exactly, with no
+    synchronisation: ``nonzero_static`` pads its index list with -1, and the padding slots
+    repeat the first real index (so every write to a position carries the same value), or,
+    when there is none, rewrite position 0 with its own values."""
+    idx = torch.nonzero_static(more, size=size, fill_value=-1).reshape(-1)
+    real = idx >= 0
+    any_real = real[:1]  # the list is sorted: one real index iff the first is
+    safe = torch.where(real, idx, idx[:1].clamp(min=0))
+    sub = TensorInputs(x[safe], d, logp=logp, invalid="nan", check=False)
+    # p == 1 never needs the solver here (the table holds its limit)
+    s_lo, s_hi = solve_log_edges(div, sub.inputs, tiny=tiny, at_one=False)
+    s_lo, s_hi = finish_edges(torch, sub.inputs, s_lo, s_hi, None, log=log)
+    lo = lo.index_put((safe,), torch.where(any_real, s_lo, lo[safe]))
+    hi = hi.index_put((safe,), torch.where(any_real, s_hi, hi[safe]))
+    return lo, hi
 
 
 def _device_table(tab, device):
@@ -419,14 +374,15 @@ def _device_table(tab, device):
 def _table_edges(tab, x, at_one: float, *, logp: bool, log: bool):
     """``(lower, upper, more)`` of float64 ``x`` from a numba table, in torch operations.
 
-    The same reading of the table as the numba kernel (``table_row`` and ``horner`` in
-    :mod:`fbands.backends._numba_template`): the cell from the bits of
+    The same reading of the table as the numba kernel (:mod:`._table_kernels`), through
+    the same layout (:func:`._table_layout.locate_array`): the cell from the bits of
     ``z = min(p, 1 - p)``, the coordinate from the remaining mantissa bits, two Horner
-    chains, ``1 / p`` (or ``-log p``) where the upper edge is saturated, and the limit
-    ``(at_one, 1)`` at ``p == 1``.  ``more`` marks the elements to solve exactly: rows
-    marked so, invalid input, ``log p`` below ``LP_CLOSED``.
+    chains (the lower one exponentiated on rows so marked), ``1 / p`` (or ``-log p``)
+    where the upper edge is saturated, and the limit ``(at_one, 1)`` at ``p == 1``.
+    ``more`` marks the elements to solve exactly: rows marked so, invalid input,
+    ``log p`` below ``LP_CLOSED``.
     """
-    from fbands.backends import numba_backend as nb
+    from fbands.backends import _table_layout
 
     coef, row_code, cells_info = _device_table(tab, x.device)
     ln2 = math.log(2.0)
@@ -445,38 +401,36 @@ def _table_edges(tab, x, at_one: float, *, logp: bool, log: bool):
         z = torch.where(high, 1.0 - v, v)
         top = 0.0 - torch.log(v) if log else 1.0 / v
         one, special = v == 1, v < math.exp(LP_CLOSED)
-    kbits = tab.kbits
-    cells = 1 << kbits
-    bits = z.view(torch.int64)
-    b = 1022 - (bits >> 52)
-    nb_side = torch.where(high, nb.NB_HI, nb.NB_LO)
-    j = (bits >> (52 - kbits)) & (cells - 1)
-    cell = torch.where(b < nb_side, b * cells + j, nb_side * cells)
-    cell = cell + torch.where(high, nb.NB_LO * cells + 1, 0)
-    info = cells_info[cell]
-    sh = info & 15
-    rest = 52 - kbits - sh
-    unit = torch.ones_like(sh)
-    row = (info >> 4) + ((bits >> rest) & ((unit << sh) - 1))
-    scale = ((1023 - rest) << 52).view(torch.float64)  # 2^-rest
-    u = 2.0 * ((bits & ((unit << rest) - 1)).to(torch.float64) * scale) - 1.0
-    k = row * nb.ROW
+    row, u = _table_layout.locate_array(z.view(torch.int64), high, cells_info, tab.kbits,
+                                        torch.where, torch.float64)
+    k = row * _table_layout.ROW
     lo, hi = coef[k], coef[k + 1]
-    for i in range(1, nb.DEG + 1):
+    for i in range(1, _table_layout.DEG + 1):
         lo = lo * u + coef[k + 2 * i]
         hi = hi * u + coef[k + 2 * i + 1]
     code = row_code[row]
-    hi = torch.where(((code & nb.ROW_TOP) != 0) | one, top, hi)
+    if tab.exp_lo:  # rows whose lower polynomial is of log r
+        lo = torch.where((code & _table_layout.ROW_EXP_LO) != 0, torch.exp(lo), lo)
+    hi = torch.where(((code & _table_layout.ROW_TOP) != 0) | one, top, hi)
     lo = torch.where(one, at_one, lo)
-    more = (((code & nb.ROW_EXACT) != 0) & ~one) | special | ~valid
+    more = (((code & _table_layout.ROW_EXACT) != 0) & ~one) | special | ~valid
     return lo, hi, more
 
 
-def log_edges(div, p, delta, *, logp, invalid, check):
-    """``(log lower, log upper)`` of the band (see :func:`fbands.log_bounds`)."""
-    return _run(div, p, delta, logp=logp, invalid=invalid, check=check, log=True)
+def log_edges(div, p, delta, *, logp, invalid, check, path=None, capacity=None):
+    """``(log lower, log upper)`` of the band (see :func:`fbands.log_bounds`).
+
+    ``path`` forces one of the torch paths (``"numba"``, ``"device-table"``,
+    ``"device-solver"``; default: :func:`fbands.bands.choose_path` decides), and
+    ``capacity`` sets the size of the sync-free fix-up buffer of ``"device-table"`` (default
+    :func:`capacity`): both are for tests and benchmarks.
+    """
+    return _run(div, p, delta, logp=logp, invalid=invalid, check=check, log=True, path=path,
+                capacity=capacity)
 
 
-def edges(div, p, delta, *, logp, invalid, check):
-    """``(lower, upper)`` of the band (see :func:`fbands.bounds`)."""
-    return _run(div, p, delta, logp=logp, invalid=invalid, check=check, log=False)
+def edges(div, p, delta, *, logp, invalid, check, path=None, capacity=None):
+    """``(lower, upper)`` of the band (see :func:`fbands.bounds`; ``path`` and ``capacity``
+    as in :func:`log_edges`)."""
+    return _run(div, p, delta, logp=logp, invalid=invalid, check=check, log=False, path=path,
+                capacity=capacity)

@@ -1,0 +1,185 @@
+"""The layout of the band tables: the one definition of how a table is encoded and read.
+
+A table (built by :func:`fbands.backends.numba_backend.build_tables`) holds, for one
+divergence at one radius, polynomials of both band edges on short cells of
+``z = min(p, 1 - p)``.  Everything that knows where a cell, a row or a coordinate lies in
+the bits of ``z`` is here: the build, the numba kernels (:mod:`._table_kernels`), torch
+(:func:`fbands.backends.torch_backend._table_edges`) and the tests all go through it.
+
+Cells.  ``z`` lies in binade ``b`` when ``2^-(b+1) <= z < 2^-b``; each binade is cut into
+``2^kbits`` cells by the top ``kbits`` bits of the mantissa.  The cells of ``p <= 1/2``
+come first (``NB_LO`` binades, then one catch-all cell for smaller ``p``), then those of
+``1 - p < 1/2`` (``NB_HI`` binades and a catch-all cell).  ``cells_info[cell]`` packs the
+cell's first row and how many more mantissa bits (0, or ``SUBBITS`` for a refined cell)
+choose one of its rows; the mantissa bits below those give the coordinate
+``u in [-1, 1)`` of ``z`` on its row, exactly.
+
+Rows.  A row holds ``ROW`` float64 coefficients, powers ``DEG`` down to 0 of ``u``, lower
+and upper edge interleaved (one contiguous read), and a code of flag bits
+(:data:`ROW_TOP`, :data:`ROW_EXACT`, :data:`ROW_EXP_LO`).
+
+Decoding comes in two forms with the same steps: :func:`locate` for one float64 (plain
+Python on numpy scalars, so that numba compiles it into the kernels) and
+:func:`locate_array` for numpy arrays or torch tensors.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba.extending import register_jitable
+
+# ----------------------------------------------------------------------------- float64 bits
+
+#: Stored mantissa bits of a float64 (the fraction field).
+MANT_BITS = 52
+#: Exponent bias of a float64: the exponent field of 1.0.
+EXP_BIAS = 1023
+#: Exponent field of z in [1/2, 1) (binade 0): the binade of z is ``HALF_EXP - field``.
+HALF_EXP = EXP_BIAS - 1
+
+# ----------------------------------------------------------------------------- the layout
+
+#: Cells per binade are ``2^kbits``, by output precision: a cell then spans at most
+#: ``2^-kbits`` of its own size, short enough for degree-``DEG`` rows to reach the
+#: tolerance of :data:`fbands.backends.numba_backend.LAYOUTS`; float32 needs 1e-10, not
+#: 1e-13, so it gets by with 16 times fewer (and smaller tables).
+KBITS = {"float64": 6, "float32": 4}
+#: Degree of the row polynomials: with Chebyshev nodes on cells that short, 5 reaches
+#: 1e-13 on smooth cells; higher costs two more multiply-adds an edge per element.
+DEG = 5
+#: Coefficients per row: ``DEG + 1`` for each of the two edges.
+ROW = 2 * (DEG + 1)
+#: Row code bit: the upper edge is saturated (r = 1 / p, or log r = -log p).
+ROW_TOP = 1
+#: Row code bit: the polynomials miss the tolerance somewhere on the row; solve exactly.
+ROW_EXACT = 2
+#: Row code bit (ratio tables only): the lower polynomial is of log r, and the edge is its
+#: exponential; set where r spans too many orders of magnitude over the row for a
+#: polynomial in r itself (KL's r_lo ~ exp(-delta / p) at small p).
+ROW_EXP_LO = 4
+#: Extra mantissa bits, ``2^SUBBITS`` subrows, of a cell its rows do not resolve (a
+#: saturation threshold inside it, an edge that bends too fast): 64 times shorter rows
+#: resolve all but a few of those at the thresholds themselves.
+SUBBITS = 6
+#: Bits of ``cells_info`` that hold a cell's extra mantissa bits (0 or SUBBITS < 16); the
+#: first row sits above them.
+INFO_SHIFT = 4
+#: Mask of the extra-bits field of ``cells_info``.
+INFO_MASK = (1 << INFO_SHIFT) - 1
+#: Binades of p below 1/2 with cells (p >= 2^-200, log p >= -138.6): the edges are smooth
+#: in log p far below where every divergence's edges saturate or underflow; smaller p go
+#: to the catch-all cell (solved exactly; the solver's tail forms take them from log p
+#: below ``LP_CLOSED`` anyway).
+NB_LO = 200
+#: Binades of 1 - p with cells (1 - p >= 2^-90): a float64 p below 1 has 1 - p >= 2^-53,
+#: so only log-probability input gets closer, and goes to the catch-all cell.
+NB_HI = 90
+
+
+def cell_count(kbits: int) -> int:
+    """Length of ``cells_info``: both sides' cells and their two catch-all cells."""
+    return ((NB_LO + NB_HI) << kbits) + 2
+
+
+def high_offset(kbits: int) -> int:
+    """Index of the first cell of ``1 - p`` (after the low side and its catch-all)."""
+    return (NB_LO << kbits) + 1
+
+
+# ----------------------------------------------------------------------------- encode
+
+
+def pack_info(first_row, extra_bits):
+    """``cells_info`` entries: a cell's first row and its extra mantissa bits."""
+    return (first_row << INFO_SHIFT) | extra_bits
+
+
+def unpack_info(info):
+    """``(first_row, extra_bits)`` of ``cells_info`` entries (inverse of :func:`pack_info`)."""
+    return info >> INFO_SHIFT, info & INFO_MASK
+
+
+def row_code(top, exact, exp_lo=False):
+    """Row codes from boolean arrays: upper edge saturated, solve exactly, lower edge as
+    the exponential of its polynomial."""
+    top, exact, exp_lo = (np.asarray(a, dtype=bool) for a in (top, exact, exp_lo))
+    code = np.where(top, ROW_TOP, 0) | np.where(exact, ROW_EXACT, 0)
+    return (code | np.where(exp_lo, ROW_EXP_LO, 0)).astype(np.int32)
+
+
+def cell_z(kbits: int, binade, index, frac):
+    """z at fractions ``frac`` (in [0, 1]) of the cells ``index`` of binades ``binade``
+    (arrays that broadcast): the inverse of :func:`locate` on a cell without extra bits."""
+    return np.ldexp(1.0 + (index + frac) / (1 << kbits), -(binade + 1))
+
+
+def side_cells(kbits: int, nb: int, frac) -> np.ndarray:
+    """z at ``frac`` (shape (points,) or (cells, points)) of every cell of ``nb`` binades,
+    in table order: cell ``b * 2^kbits + j`` is cell ``j`` of binade ``b``."""
+    cells = 1 << kbits
+    b = np.repeat(np.arange(nb), cells)[:, None]
+    j = np.tile(np.arange(cells), nb)[:, None]
+    return cell_z(kbits, b, j, frac)
+
+
+def cell_of_row(kbits: int, table_cell):
+    """``(binade, index)`` of table cells that are not catch-all cells (their position
+    counted without the low side's catch-all: 0 to ``(NB_LO + NB_HI) 2^kbits - 1``)."""
+    n_low = NB_LO << kbits
+    c = np.where(table_cell < n_low, table_cell, table_cell - n_low)
+    return c >> kbits, c & ((1 << kbits) - 1)
+
+
+# ----------------------------------------------------------------------------- decode
+
+
+@register_jitable(inline="always")
+def cell_index(bits, high, kbits):
+    """Index in ``cells_info`` of the cell of one float64 ``z = min(p, 1 - p) > 0`` given as
+    its int64 ``bits`` (``high``: z is ``1 - p``).  Plain Python that numba-compiled code
+    may call too (``register_jitable``): :func:`locate` and the kernels' cell scan."""
+    cells = np.int64(1) << kbits
+    b = HALF_EXP - (bits >> MANT_BITS)
+    j = (bits >> (MANT_BITS - kbits)) & (cells - 1)
+    # Arithmetic, not conditional expressions: numba's inliner warns about the latter here.
+    side = np.int64(high)
+    nb = NB_LO + (NB_HI - NB_LO) * side
+    inside = np.int64(b < nb)
+    return min(b, nb) * cells + inside * j + side * ((np.int64(NB_LO) << kbits) + 1)
+
+
+def locate(z, high, cells_info, kbits):
+    """Row index and coordinate ``u in [-1, 1)`` of one float64 ``z = min(p, 1 - p) > 0``
+    (``high``: z is ``1 - p``).  Plain Python on numpy scalars: the kernels compile it
+    (inline) with numba; :func:`locate_array` is the same steps on arrays."""
+    bits = np.float64(z).view(np.int64)
+    cell = cell_index(bits, high, kbits)
+    info = cells_info[np.uint64(cell)]  # unsigned: no wrap-around select (see _table_kernels.at)
+    sh = info & INFO_MASK
+    rest = MANT_BITS - kbits - sh
+    row = (info >> INFO_SHIFT) + ((bits >> rest) & ((np.int64(1) << sh) - 1))
+    # 1 + (the bits below rest) / 2^rest, built as a float in [1, 2) from those bits
+    one_frac = (((bits << (MANT_BITS - rest)) & ((np.int64(1) << MANT_BITS) - 1))
+                | (np.int64(EXP_BIAS) << MANT_BITS))
+    u = 2.0 * np.int64(one_frac).view(np.float64) - 3.0
+    return row, u
+
+
+def locate_array(bits, high, cells_info, kbits: int, where, float64):
+    """:func:`locate` on arrays: ``bits``, the int64 view of float64 ``z``; ``high`` a
+    boolean array; ``where`` and ``float64``: ``numpy.where`` and ``numpy.float64``, or
+    ``torch.where`` and ``torch.float64``.  Returns ``(row, u)``."""
+    cells = 1 << kbits
+    b = HALF_EXP - (bits >> MANT_BITS)
+    j = (bits >> (MANT_BITS - kbits)) & (cells - 1)
+    nb = where(high, NB_HI, NB_LO)
+    cell = where(b < nb, b * cells + j, nb * cells) + where(high, high_offset(kbits), 0)
+    info = cells_info[cell]
+    sh = info & INFO_MASK
+    rest = MANT_BITS - kbits - sh
+    unit = sh * 0 + 1  # an integer array of ones (shifts of arrays by arrays)
+    row = (info >> INFO_SHIFT) + ((bits >> rest) & ((unit << sh) - 1))
+    one_frac = (((bits << (MANT_BITS - rest)) & ((1 << MANT_BITS) - 1))
+                | (EXP_BIAS << MANT_BITS))
+    u = 2.0 * one_frac.view(float64) - 3.0
+    return row, u

@@ -1,0 +1,77 @@
+"""Tables built cell by cell (numba_backend.TableSet): a new radius builds only what its data
+reaches, and the result is the same as from a complete table and from the exact solver."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fbands
+
+nb = pytest.importorskip("fbands.backends.numba_backend")
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    monkeypatch.setattr(nb, "_TABLES", type(nb._TABLES)())
+
+
+def _exact(p, delta, div, log=False, logp=False):
+    fn = fbands.log_bounds if log else fbands.bounds
+    return fn(p, np.full(p.shape, delta), div, backend="numba", logp=logp)
+
+
+def _rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    with np.errstate(all="ignore"):
+        return float(np.max(np.where(same, 0.0, np.abs(a - b) / np.abs(b)), initial=0.0))
+
+
+@pytest.mark.parametrize("div", ["kl", "triangular"])
+def test_a_new_radius_builds_the_cells_its_data_reaches(fresh, div, _restore_registry):
+    if div == "triangular":
+        fbands.register("triangular", "(u - 1)**2 / (u + 1)", overwrite=True)
+    d = fbands.get(div)
+    delta = 0.0437
+    rng = np.random.default_rng(1)
+    p = np.exp(rng.uniform(np.log(1e-3), np.log(0.2), 5000))  # a few binades only
+    got = fbands.log_bounds(p, delta, div, backend="numba")
+    ts = nb.table_set(d, delta, "float64")
+    n_built = int(ts.built.sum())
+    assert 2 < n_built < ts.built.size // 10
+    for g, w in zip(got, _exact(p, delta, div, log=True), strict=True):
+        assert _rel(g, w) <= 1e-12
+    # Data in other cells: those are built too, and read correctly at once.
+    q = 1.0 - np.exp(rng.uniform(np.log(1e-9), np.log(1e-2), 5000))
+    got = fbands.log_bounds(q, delta, div, backend="numba")
+    assert ts.built.sum() > n_built
+    for g, w in zip(got, _exact(q, delta, div, log=True), strict=True):
+        assert _rel(g, w) <= 1e-12
+    # float32 log-probabilities: the float32 layout, its own cells.
+    lp = np.log(p).astype(np.float32)
+    got = fbands.log_bounds(lp, delta, div, backend="numba", logp=True)
+    for g, w in zip(got, _exact(lp.astype(np.float64), delta, div, log=True, logp=True),
+                    strict=True):
+        w32 = w.astype(np.float32)
+        with np.errstate(invalid="ignore"):
+            one_ulp = np.abs(g - w32) <= np.spacing(np.abs(w32))
+        assert np.all((g == w32) | one_ulp)
+
+
+def test_a_cell_built_alone_equals_the_complete_tables(fresh):
+    d = fbands.get("kl")
+    ts = nb.table_set(d, 0.05, "float32")
+    p = np.linspace(0.3, 0.31, 100).astype(np.float32)
+    ts.cover(p, False)
+    partial = ts.modes
+    full = nb.TableSet(d, 0.05, "float32").complete()
+    out = {}
+    for name, tabs in (("partial", partial), ("full", full)):
+        tab = tabs[True]
+        lo, hi = np.empty_like(p), np.empty_like(p)
+        left = nb._read_table(tab, p, False, True, 0.0, 0.0, lo, hi)
+        assert left.size == 0
+        out[name] = (lo, hi)
+    np.testing.assert_array_equal(out["partial"][0], out["full"][0])
+    np.testing.assert_array_equal(out["partial"][1], out["full"][1])

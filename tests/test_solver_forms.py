@@ -1,0 +1,93 @@
+"""The two forms of the one solver take the same steps.
+
+:mod:`fbands._solver` writes the method twice in form: over arrays (:func:`solve`, numpy and
+torch) and one element at a time (:func:`solve_one`, compiled by numba from the same file).
+Here both run on the same elements, over every regime (closed forms, Newton, saturation at
+either end, ``log p`` below ``LP_CLOSED`` and ``LP_TINY``, ``p = 1``), and must report the
+same way of finding each edge, the same number of Newton iterations, and the same edges.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import fbands
+from fbands import _solver, divergences
+from fbands.backends import numpy_backend
+
+from . import reference as ref
+from ._speed import registry
+
+pytest.importorskip("numba")
+from fbands.backends import numba_backend  # noqa: E402
+
+TRIANGULAR = fbands.register("triangular", ref.USER_F, overwrite=True)
+DIVS = list(ref.TABLE)
+del divergences._REGISTRY["triangular"]
+
+
+@pytest.fixture(autouse=True)
+def _user_divergence(_restore_registry):
+    divergences._REGISTRY["triangular"] = TRIANGULAR
+
+
+def inputs(seed: int = 0) -> _solver.Inputs:
+    """log p over every regime of the method, crossed with radii small to large."""
+    rng = np.random.default_rng(seed)
+    lp = np.concatenate((
+        -np.exp(rng.uniform(math.log(1e-12), math.log(700.0), 300)),  # down past LP_TINY
+        np.log(rng.uniform(0.0, 1.0, 100)),
+        [0.0, -1e-300, -1e-17, _solver.LP_CLOSED * (1 + 1e-12), _solver.LP_TINY * 1.001],
+    ))
+    deltas = np.array([1e-5, 1e-2, 0.2, 3.0])
+    lp, delta = (a.reshape(-1) for a in np.meshgrid(lp, deltas))
+    with np.errstate(all="ignore"):
+        p, q = np.exp(lp), np.maximum(-np.expm1(lp), _solver.Q_FLOOR)
+    return _solver.Inputs(lp, np.log(q), p, q, delta)
+
+
+@pytest.mark.parametrize("div", registry(DIVS))
+def test_array_and_scalar_forms_take_the_same_steps(div):
+    d = fbands.get(div)
+    x = inputs()
+    with np.errstate(all="ignore"):
+        a_lo, a_hi, (how_lo, how_hi, n_lo, n_hi) = _solver.solve(
+            d, numpy_backend.xp, x, trace=True)
+    n = x.lp.size
+    s_lo, s_hi = np.empty(n), np.empty(n)
+    how, iters = np.empty((n, 2), np.int64), np.empty((n, 2), np.int64)
+    numba_backend.kernels(d).trace_arrays(x.lp, x.lq, x.p, x.q, x.delta, s_lo, s_hi, how,
+                                          iters)
+    # The regimes every divergence has occur (saturation, closed forms: where it has them).
+    seen = set(how_lo.astype(int)) | set(how_hi.astype(int))
+    assert {_solver.TINY, _solver.AT_ONE} <= seen
+    assert seen & {_solver.NEWTON, _solver.CLOSED, _solver.POLISHED}
+    np.testing.assert_array_equal(how[:, 0], how_lo, err_msg="branch, lower edge")
+    np.testing.assert_array_equal(how[:, 1], how_hi, err_msg="branch, upper edge")
+    np.testing.assert_array_equal(iters[:, 0], n_lo, err_msg="iterations, lower edge")
+    np.testing.assert_array_equal(iters[:, 1], n_hi, err_msg="iterations, upper edge")
+    # Same steps, same edges (up to the last bits the two libms may round differently).
+    for got, want in ((s_lo, a_lo), (s_hi, a_hi)):
+        same = (got == want) | (np.isnan(got) & np.isnan(want))
+        with np.errstate(all="ignore"):
+            close = np.abs(got - want) <= 1e-13 * np.maximum(np.abs(want), 1e-300)
+        assert (same | close).all(), (x.lp[~(same | close)], got[~(same | close)])
+
+
+def test_newton_counts_its_iterations():
+    """The count is the number of evaluations of g: a Newton that starts on the root
+    converges at its first evaluation, one that starts far takes more."""
+    d = fbands.get("kl")
+    x = inputs()
+    fun = _solver.BandFunction(d, numpy_backend.xp, x)
+    with np.errstate(all="ignore"):
+        s, n = _solver.newton_edge(fun, "upper", 0.0 * x.lp + 1e-3, 0.0 * x.lp, -x.lp)
+        again, n_again = _solver.newton_edge(fun, "upper", s, 0.0 * x.lp, -x.lp)
+    ok = np.isfinite(s) & (s < -x.lp)
+    assert ok.sum() > 100
+    assert (n[ok] >= 2).all() and (n_again[ok] <= n[ok]).all()
+    assert np.mean(n_again[ok] == 1) > 0.9
+    np.testing.assert_allclose(again[ok], s[ok], rtol=1e-10)
