@@ -62,6 +62,12 @@ WIDTH_FLOOR = 1e-300
 MAX_ITER = 200
 #: Above ``FAR_ABOVE * delta`` a Newton step is taken on ``log g`` instead of ``g``.
 FAR_ABOVE = 2.0
+#: A positive float times this is the float just below it (or one further): the upper
+#: edge's last step next to its bracket's end (see newton_edge).
+JUST_BELOW = 1.0 - 2.0**-52
+#: log 2: the upper edge steps in ``s_c = log c`` once ``c < 1/2`` (see newton_edge), and
+#: log1mexp switches its formula at ``-LN2``.
+LN2 = math.log(2.0)
 #: A bracket whose ends (floored at 1 in magnitude) differ by more than this factor is
 #: bisected geometrically: its arithmetic midpoint would gain one bit per step.
 GEOMETRIC_SPLIT = 4.0
@@ -107,7 +113,7 @@ class Inputs:
 
 def log1mexp(xp, z):
     """``log(1 - exp(z))`` for ``z <= 0`` without cancellation (Maechler's switch)."""
-    near = z > -math.log(2.0)
+    near = z > -LN2
     return xp.where(
         near,
         xp.log(-xp.expm1(xp.where(near, z, -1.0))),
@@ -136,6 +142,18 @@ class BandFunction:
             xp.log1p(xp.where(use_log1p, xc, 0.0)),
             log1mexp(xp, xp.minimum(x.lp + s, 0.0)) - x.lq,
         )
+
+    #: Whether the upper edge may step in the complement variable (see newton_edge).
+    has_complement = True
+
+    def complement(self, s):
+        """``(s_c, ds/ds_c)``: the other token's log-ratio and the slope of the map back."""
+        sc = self.s_c(s)
+        return sc, -self.xp.exp(sc - s) / self.p_over_q
+
+    def from_complement(self, sc):
+        """``s`` from ``s_c``: ``r p = 1 - q c`` (nan where ``q c >= 1``)."""
+        return self.xp.log1p(-self.xp.exp(sc + self.x.lq)) - self.x.lp
 
     def tail_guess(self):
         s = _lower_tail(self.div, self.xp, self.x)
@@ -231,12 +249,21 @@ class TinyUpper(BandFunction):
     def value(self, w):
         return self.value_and_slope(w)[0]
 
+    def complement(self, w):
+        xp = self.xp
+        sc = log1mexp(xp, xp.minimum(w, 0.0 * w))
+        return sc, -xp.exp(sc - w)
+
+    def from_complement(self, sc):
+        xp = self.xp
+        return xp.where(sc < 0, log1mexp(self.xp, xp.minimum(sc, -1e-300)), math.nan)
+
     def guess(self):
         """Root of ``T(w) = delta`` (the c-term dropped), at most ``log(1/2)``."""
         xp, x = self.xp, self.x
         m_term = xp.log(-x.lp) if self.m else 0.0
         w = (xp.log(x.delta / self.A) - (1 - self.k) * x.lp - m_term) / self.k
-        return xp.minimum(w, -math.log(2.0))
+        return xp.minimum(w, -LN2)
 
 
 class AtOne(BandFunction):
@@ -245,6 +272,8 @@ class AtOne(BandFunction):
     As ``p -> 1`` the second token's term ``q f((1 - r p) / q)`` tends to ``(1 - r) f'(inf)``;
     ``p = 1`` itself is solved from that limit, exactly.
     """
+
+    has_complement = False
 
     def value_and_slope(self, s):
         A = self.div.fprime_inf
@@ -401,8 +430,27 @@ def newton_edge(fun: BandFunction, edge: str, s0, lo, hi, *, max_iter: int = MAX
         # Far above delta, Newton on log g: exact for an exponential g (a steep generator,
         # u**100), where plain Newton crawls by 1/k a step; its overshoot falls to bisection.
         far_above = g > FAR_ABOVE * x.delta
-        step = xp.where(far_above, xp.log(xp.where(far_above, g, 1.0) / x.delta) * g, r) / slope
+        num = xp.where(far_above, xp.log(xp.where(far_above, g, 1.0) / x.delta) * g, r)
+        step = num / slope
         cand = s - step
+        small = xp.abs(step) <= STEP_TOL * xp.abs(s)
+        if edge == "upper" and fun.has_complement:
+            # Next to r = 1/p, g climbs like -log(c) as the other token's ratio c -> 0: a
+            # Newton step in s there is far shorter than the error (it crawls, and it can
+            # stop short).  In s_c = log c, g is nearly linear: step in s_c instead.
+            # That step is a faithful estimate of the error, so its image in s is too
+            # (and it may fall below an ulp of s before it is small in s_c).  An edge
+            # closer to the bracket's end than s can resolve is taken one float short of
+            # that end (where the bracket then closes), not handed to bisection, which
+            # would halve its way down to it.
+            sc, ds_dsc = fun.complement(s)
+            near_top = sc < -LN2
+            step_c = num / (slope * ds_dsc)
+            cand_c = xp.minimum(fun.from_complement(sc - step_c), hi * JUST_BELOW)
+            small_c = ((xp.abs(step_c) <= STEP_TOL * xp.abs(sc))
+                       | (xp.abs(cand_c - s) <= STEP_TOL * xp.abs(s)))
+            cand = xp.where(near_top, cand_c, cand)
+            small = xp.where(near_top, small_c, small)
         inside = (cand > lo) & (cand < hi)  # False for nan
         # Bisection: arithmetic, geometric across orders of magnitude, doubling while the
         # bracket is open to the left.
@@ -410,7 +458,6 @@ def newton_edge(fun: BandFunction, edge: str, s0, lo, hi, *, max_iter: int = MAX
         far = (lo * hi >= 0) & ((alo > GEOMETRIC_SPLIT * ahi) | (ahi > GEOMETRIC_SPLIT * alo))
         mid = xp.where(far, xp.sign(lo + hi) * xp.sqrt(alo * ahi), 0.5 * (lo + hi))
         mid = xp.where(xp.isfinite(lo), mid, hi - xp.maximum(xp.abs(hi), 1.0))
-        small = xp.abs(step) <= STEP_TOL * xp.abs(s)
         converged = (r == 0) | (small & xp.isfinite(r) & xp.isfinite(slope) & (slope != 0))
         converged = converged | (hi - lo <= BRACKET_TOL * xp.maximum(xp.abs(hi), WIDTH_FLOOR))
         new = xp.where(converged | inside, xp.minimum(xp.maximum(cand, lo), hi), mid)
@@ -589,7 +636,7 @@ def F_c(sc):
 
 def log1mexp_one(z):
     """:func:`log1mexp` of one float."""
-    if z > -math.log(2.0):
+    if z > -LN2:
         return math.log(-math.expm1(z))
     return math.log1p(-math.exp(z))
 
@@ -635,6 +682,22 @@ def value_and_slope_one(kind, s, lp, lq, p, q, poq):
     return p * F(s) + q * F(sc), p * (dF(s) - math.exp(s - sc) * dF(sc))
 
 
+def complement_one(kind, s, lp, lq, poq):
+    """``complement`` of BandFunction (``kind`` BAND) or TinyUpper: ``(s_c, ds/ds_c)``."""
+    if kind == TINY_UPPER:
+        sc = log1mexp_one(fmin(s, 0.0))
+        return sc, -math.exp(sc - s)
+    sc = s_c_one(s, lp, lq, poq)
+    return sc, -math.exp(sc - s) / poq
+
+
+def from_complement_one(kind, sc, lp, lq):
+    """``from_complement`` of BandFunction or TinyUpper."""
+    if kind == TINY_UPPER:
+        return log1mexp_one(fmin(sc, -1e-300)) if sc < 0 else math.nan
+    return math.log1p(-math.exp(sc + lq)) - lp
+
+
 def newton_one(kind, upper, s, lo, hi, lp, lq, p, q, poq, delta):
     """:func:`newton_edge` for one element: ``(root, iterations)``."""
     sign = 1.0 if upper else -1.0
@@ -645,11 +708,17 @@ def newton_one(kind, upper, s, lo, hi, lp, lq, p, q, poq, delta):
             hi = s
         else:
             lo = s
-        if g > FAR_ABOVE * delta:
-            step = math.log(g / delta) * g / slope
-        else:
-            step = r / slope
+        num = math.log(g / delta) * g if g > FAR_ABOVE * delta else r
+        step = num / slope
         cand = s - step
+        small = abs(step) <= STEP_TOL * abs(s)
+        if upper and kind != LIMIT_AT_ONE:
+            sc, ds_dsc = complement_one(kind, s, lp, lq, poq)
+            if sc < -LN2:
+                step_c = num / (slope * ds_dsc)
+                cand = fmin(from_complement_one(kind, sc - step_c, lp, lq), hi * JUST_BELOW)
+                small = (abs(step_c) <= STEP_TOL * abs(sc)
+                         or abs(cand - s) <= STEP_TOL * abs(s))
         inside = cand > lo and cand < hi
         alo, ahi = fmax(abs(lo), 1.0), fmax(abs(hi), 1.0)
         far = lo * hi >= 0 and (alo > GEOMETRIC_SPLIT * ahi or ahi > GEOMETRIC_SPLIT * alo)
@@ -659,7 +728,6 @@ def newton_one(kind, upper, s, lo, hi, lp, lq, p, q, poq, delta):
             mid = math.copysign(1.0, lo + hi) * math.sqrt(alo * ahi)
         else:
             mid = 0.5 * (lo + hi)
-        small = abs(step) <= STEP_TOL * abs(s)
         converged = r == 0 or (small and math.isfinite(r) and math.isfinite(slope)
                                and slope != 0)
         converged = converged or hi - lo <= BRACKET_TOL * fmax(abs(hi), WIDTH_FLOOR)
@@ -762,7 +830,7 @@ def tiny_one(lp, delta):
     if HAS_TAIL_INF:
         m_term = math.log(-lp) if TAIL_INF_M != 0 else 0.0
         w0 = (math.log(delta / TAIL_INF_A) - (1.0 - TAIL_INF_K) * lp - m_term) / TAIL_INF_K
-        w0 = fmin(w0, -math.log(2.0))
+        w0 = fmin(w0, -LN2)
         w, n = newton_one(TINY_UPPER, True, w0, -math.inf, 0.0, lp, 0.0, 0.0, 1.0, 0.0, delta)
         if tiny_terms(0.0, lp)[0] + F0 <= delta:
             w = 0.0
@@ -812,13 +880,14 @@ def solve_one(lp, lq, p, q, delta):
 #: The scalar form, in dependency order: what numba_backend pastes into generated modules.
 SCALAR_FORM = (
     fmin, fmax, F, F_c, log1mexp_one, s_c_one, times_one, tiny_terms, value_and_slope_one,
-    newton_one, lower_tail_one, initial_guess_one, quadratic_roots_one, closed_edge_one,
-    polish_one, edge_one, tiny_one, at_one_one, solve_one,
+    complement_one, from_complement_one, newton_one, lower_tail_one, initial_guess_one,
+    quadratic_roots_one, closed_edge_one, polish_one, edge_one, tiny_one, at_one_one,
+    solve_one,
 )
 #: The module-level names of this file the scalar form reads (copied as literals).
 SCALAR_SHARED = (
     "STEP_TOL", "BRACKET_TOL", "WIDTH_FLOOR", "MAX_ITER", "FAR_ABOVE", "GEOMETRIC_SPLIT",
-    "TAIL_SWITCH", "NEGATIVE_DISC", "NEAR_DOUBLE", "TOP_SLACK", "SATURATED", "CLOSED",
-    "POLISHED", "NEWTON", "TINY", "AT_ONE", "LP_TINY", "LP_CLOSED", "BAND", "TINY_UPPER",
-    "LIMIT_AT_ONE",
+    "TAIL_SWITCH", "NEGATIVE_DISC", "NEAR_DOUBLE", "TOP_SLACK", "JUST_BELOW", "LN2",
+    "SATURATED", "CLOSED", "POLISHED", "NEWTON", "TINY", "AT_ONE", "LP_TINY", "LP_CLOSED",
+    "BAND", "TINY_UPPER", "LIMIT_AT_ONE",
 )

@@ -91,3 +91,18 @@ def test_newton_counts_its_iterations():
     assert (n[ok] >= 2).all() and (n_again[ok] <= n[ok]).all()
     assert np.mean(n_again[ok] == 1) > 0.9
     np.testing.assert_allclose(again[ok], s[ok], rtol=1e-10)
+
+
+@pytest.mark.parametrize("div", ["kl", "js", "reverse_kl"])
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_upper_edge_next_to_saturation_is_exact(div, backend):
+    """Just below r = 1/p, g climbs like -log(1/p - r): Newton in s there crawls, and its
+    short steps once stopped it 1e-11 short; the solver steps in log c instead."""
+    rng = np.random.default_rng(7)
+    p = 1.0 - np.exp(rng.uniform(np.log(1e-3), np.log(5e-2), 12))
+    p = np.concatenate((p, [0.96844067865694661, 0.99799588314057408]))
+    delta = np.concatenate((rng.choice([0.05, 0.3, 0.7], 12), [0.7, 0.05]))
+    _, hi = fbands.bounds(p, delta, div, backend=backend)
+    f = ref.GENERATORS[div]
+    want = np.array([float(ref.edges(f, pi, di)[1]) for pi, di in zip(p, delta, strict=True)])
+    np.testing.assert_allclose(hi, want, rtol=1e-12, atol=0)
