@@ -62,7 +62,6 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before numpy, torch or numba load
 
 import argparse  # noqa: E402
-import inspect  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import shutil  # noqa: E402
@@ -279,13 +278,11 @@ TORCH_PATHS = {"torch-table": "device-table", "torch-native": "device-solver"}
 
 
 def _torch_call(backend: str, t, div: str):
-    """The call a ``torch*`` row times, on the CPU tensor ``t`` (None: not available)."""
+    """The call a ``torch*`` row times, on the CPU tensor ``t``."""
     if backend == "torch":
         return lambda: fbands.bounds(t, DELTA, div)
     from fbands.backends import torch_backend
 
-    if "path" not in inspect.signature(torch_backend.edges).parameters:
-        return None  # a version of fbands without forced paths
     d = fbands.get(div)
     return lambda: torch_backend.edges(d, t, DELTA, logp=False, invalid="raise", check=True,
                                        path=TORCH_PATHS[backend])
@@ -334,9 +331,6 @@ def run_main(quick: bool) -> list[dict]:
             fn = lambda p=p: div_sqrt_floor(p, DELTA)  # noqa: E731
         else:
             fn = _torch_call(backend, t_p, div)
-            if fn is None:
-                print(f"{backend:>13}: skipped (torch_backend.edges takes no path=)")
-                continue
         secs, copy_beside = timeit(fn, 1 if backend in ("numpy", "torch-native") else repeat,
                                    beside=lambda p=p: p.copy())
         row = {"backend": backend, "div": div, "dtype": dtype, "n": n, "size": size,
@@ -602,9 +596,10 @@ def markdown(report: dict) -> str:
             "Data `llm`: p half uniform on (0, 1), half with 1 - p "
             "log-uniform on [1e-7, 0.1]. "
             "`torch` = CPU tensors through the torch backend (handed to numba); "
-            "`torch-table` = the tables read by torch operations (the path of validated calls "
-            "on a GPU); `torch-native` = the torch solver itself (fixed Newton count, no host "
-            "sync). `div+sqrt` "
+            "`torch-table` = `path=\"device-table\"` of the torch backend: the tables read by "
+            "torch operations, the exact solver on the few elements they leave (the CUDA "
+            "path, here on CPU tensors); `torch-native` = `path=\"device-solver\"`: the "
+            "fixed-count torch solver on every element. `div+sqrt` "
             "(chi2) = a loop doing only one float64 division and one square root per element, "
             "the arithmetic floor of chi2's closed form. Each time is the "
             "best of 25 (32k), 15 (1M) or 5 (16M) calls after a warm-up call (the bisection: "
