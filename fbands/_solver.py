@@ -629,11 +629,6 @@ def F(s):
     return F_far(s)
 
 
-def F_c(sc):
-    """``F`` at ``s_c``, with its limit ``f(0)`` at ``s_c = -inf`` (``BandFunction._F_c``)."""
-    return F0 if sc == -math.inf else F(sc)
-
-
 def log1mexp_one(z):
     """:func:`log1mexp` of one float."""
     if z > -LN2:
@@ -879,7 +874,7 @@ def solve_one(lp, lq, p, q, delta):
 
 #: The scalar form, in dependency order: what numba_backend pastes into generated modules.
 SCALAR_FORM = (
-    fmin, fmax, F, F_c, log1mexp_one, s_c_one, times_one, tiny_terms, value_and_slope_one,
+    fmin, fmax, F, log1mexp_one, s_c_one, times_one, tiny_terms, value_and_slope_one,
     complement_one, from_complement_one, newton_one, lower_tail_one, initial_guess_one,
     quadratic_roots_one, closed_edge_one, polish_one, edge_one, tiny_one, at_one_one,
     solve_one,
