@@ -34,3 +34,12 @@ def _restore_registry():
     ):
         live.clear()
         live.update(old)
+
+
+@pytest.fixture
+def user_divergence(_restore_registry):
+    """The user-registered divergence of tests/_user.py, in the registry for this test."""
+    from ._user import TRIANGULAR
+
+    divergences._REGISTRY["triangular"] = TRIANGULAR
+    return TRIANGULAR

@@ -15,21 +15,14 @@ import numpy as np
 import pytest
 
 import fbands
-from fbands import divergences
 
 from ._speed import registry
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("numba")
 
-# Checked and derived once for the module: a divergence the library does not ship.  The
-# registry is restored after every test (conftest), so the fixture puts it back each time.
-TRIANGULAR = fbands.register("triangular", "(u - 1)**2 / (u + 1)", overwrite=True)
-
-
-@pytest.fixture(autouse=True)
-def _user_divergence(_restore_registry):
-    divergences._REGISTRY["triangular"] = TRIANGULAR
+# Every test also sees a divergence the library does not ship (tests/_user.py).
+pytestmark = pytest.mark.usefixtures("user_divergence")
 
 
 DIVERGENCES = [

@@ -11,24 +11,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fbands
-from fbands import _solver, divergences
+from fbands import _solver
 from fbands.backends import numpy_backend
 from fbands.bands import NumpyInputs
 
+from . import _user as user
 from . import reference as ref
 from ._speed import registry
 
 DIVS = list(ref.TABLE)
-# Checked and derived once; the fixture below puts the same object back for each test.
-TRIANGULAR = fbands.register("triangular", ref.USER_F, overwrite=True)
-CLOSED = [d for d in DIVS if fbands.get(d).derivation.upper is not None]
-del divergences._REGISTRY["triangular"]
-
-
-@pytest.fixture(autouse=True)
-def _user_divergence(_restore_registry):
-    """The registry tests also cover a user-registered generator."""
-    divergences._REGISTRY["triangular"] = TRIANGULAR
+CLOSED = [d for d in DIVS if user.get(d).derivation.upper is not None]
+# The registry tests also cover a user-registered generator (tests/_user.py).
+pytestmark = pytest.mark.usefixtures("user_divergence")
 BUILTIN = list(ref.GENERATORS)
 
 log_p = st.floats(math.log(1e-12), math.log1p(-1e-9))
@@ -147,7 +141,7 @@ def test_lower_edges_next_to_saturation_are_exact(div, p, delta):
 
 HAS_EXTENDED = np.finfo(np.longdouble).eps < np.finfo(np.float64).eps / 8
 SATURATING = [d for d in DIVS
-              if math.isfinite((TRIANGULAR if d == "triangular" else fbands.get(d)).f0)]
+              if math.isfinite(user.get(d).f0)]
 
 
 def _saturation_threshold(div, delta):

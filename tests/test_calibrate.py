@@ -9,18 +9,11 @@ import numpy as np
 import pytest
 
 import fbands
-from fbands import divergences
 
 from . import reference as ref
 from ._speed import registry
 
-TRIANGULAR = fbands.register("triangular", ref.USER_F, overwrite=True)
-del divergences._REGISTRY["triangular"]
-
-
-@pytest.fixture(autouse=True)
-def _user_divergence(_restore_registry):
-    divergences._REGISTRY["triangular"] = TRIANGULAR
+pytestmark = pytest.mark.usefixtures("user_divergence")  # tests/_user.py
 
 
 EPS = np.array([1e-6, 1e-3, 0.05, 0.1, 0.2, 0.28, 0.5, 0.9])

@@ -29,9 +29,7 @@ def _rel(a, b):
 
 
 @pytest.mark.parametrize("div", ["kl", "triangular"])
-def test_a_new_radius_builds_the_cells_its_data_reaches(fresh, div, _restore_registry):
-    if div == "triangular":
-        fbands.register("triangular", "(u - 1)**2 / (u + 1)", overwrite=True)
+def test_a_new_radius_builds_the_cells_its_data_reaches(fresh, div, user_divergence):
     d = fbands.get(div)
     delta = 0.0437
     rng = np.random.default_rng(1)

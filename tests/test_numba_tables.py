@@ -22,9 +22,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fbands
-from fbands import divergences
 from fbands.errors import BandError
 
+from . import _user as user
 from . import reference as ref
 from ._speed import registry
 
@@ -32,14 +32,8 @@ pytest.importorskip("numba")
 from fbands._solver import LP_CLOSED  # noqa: E402
 from fbands.backends import _table_kernels, _table_layout, numba_backend  # noqa: E402
 
-TRIANGULAR = fbands.register("triangular", ref.USER_F, overwrite=True)
 DIVS = list(ref.TABLE)
-del divergences._REGISTRY["triangular"]
-
-
-@pytest.fixture(autouse=True)
-def _user_divergence(_restore_registry):
-    divergences._REGISTRY["triangular"] = TRIANGULAR
+pytestmark = pytest.mark.usefixtures("user_divergence")  # tests/_user.py
 
 
 #: Two steps of float64's subnormal grid: an edge below the smallest normal number has
@@ -126,7 +120,7 @@ def test_float32_fast_paths_are_within_one_ulp_of_the_rounded_exact_edge(div):
 def _left_to_the_exact_solver(x, delta, div, *, logp, log):
     """Share of ``x`` the table pass and the finishing of exp rows leave to the exact
     solver."""
-    d = TRIANGULAR if div == "triangular" else fbands.get(div)
+    d = user.get(div)
     tab = numba_backend.tables(d, delta, x.dtype.name)[log]
     lo, hi = np.empty_like(x), np.empty_like(x)
     bad = np.empty(-(-x.size // _table_kernels.BLOCK), np.int64)
@@ -204,7 +198,7 @@ def test_the_layout_decodes_what_it_encodes():
 
 
 def _saturating_closed(name: str) -> bool:
-    d = TRIANGULAR if name == "triangular" else fbands.get(name)
+    d = user.get(name)
     return numba_backend.has_closed_pass(d) and math.isfinite(d.f0)
 
 
@@ -286,7 +280,7 @@ def test_torch_reads_the_same_tables(div):
     torch = pytest.importorskip("torch")
     from fbands.backends import torch_backend
 
-    d = TRIANGULAR if div == "triangular" else fbands.get(div)
+    d = user.get(div)
     p = sample_p(3, 1500)
     p = p[p > 1e-150]  # the fixed-count solver's range (its tiny-p path is tested apart)
     lp = np.log(p)

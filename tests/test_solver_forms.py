@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import fbands
-from fbands import _solver, divergences
+from fbands import _solver
 from fbands.backends import numpy_backend
 
 from . import reference as ref
@@ -24,14 +24,8 @@ from ._speed import registry
 pytest.importorskip("numba")
 from fbands.backends import numba_backend  # noqa: E402
 
-TRIANGULAR = fbands.register("triangular", ref.USER_F, overwrite=True)
 DIVS = list(ref.TABLE)
-del divergences._REGISTRY["triangular"]
-
-
-@pytest.fixture(autouse=True)
-def _user_divergence(_restore_registry):
-    divergences._REGISTRY["triangular"] = TRIANGULAR
+pytestmark = pytest.mark.usefixtures("user_divergence")  # tests/_user.py
 
 
 def inputs(seed: int = 0) -> _solver.Inputs:
