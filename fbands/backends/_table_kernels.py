@@ -117,6 +117,7 @@ def exp_taylor(x):
     a = a * x + c[13]
     return a
 
+
 @njit(inline="always", **OPTS)
 def expm1_series(x):
     """EXPM1_SERIES at x by Estrin's scheme: four levels of multiply-adds instead of a
