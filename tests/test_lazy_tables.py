@@ -73,3 +73,30 @@ def test_a_cell_built_alone_equals_the_complete_tables(fresh):
         out[name] = (lo, hi)
     np.testing.assert_array_equal(out["partial"][0], out["full"][0])
     np.testing.assert_array_equal(out["partial"][1], out["full"][1])
+
+
+def test_half_rows_with_an_exp_are_refined_when_the_radius_comes_back(fresh):
+    """A radius met once may keep two half rows where the lower edge is an exp (cheap to
+    build); the next call with that radius gives those cells their 64 short rows.  Both
+    tables are exact to the float64 tolerance."""
+    d, delta = fbands.get("kl"), 0.0437
+    rng = np.random.default_rng(3)
+    p = np.exp(rng.uniform(np.log(1e-6), np.log(1e-3), 20000))  # KL's r_lo ~ exp(-delta/p)
+    want = _exact(p, delta, "kl")
+    got = fbands.bounds(p, delta, "kl", backend="numba")
+    ts = nb.table_set(d, delta, "float64")
+    provisional = np.nonzero(ts.provisional)[0]
+    assert provisional.size > 0
+    _, extra = nb._table_layout.unpack_info(ts.modes[False].cells_info)
+    assert np.all(extra[provisional] == 1)
+    for g, w in zip(got, want, strict=True):  # (an ulp of a subnormal edge is more)
+        assert np.all(np.abs(g - w) <= np.maximum(1e-12 * w, np.spacing(w)))
+    got = fbands.bounds(p, delta, "kl", backend="numba")
+    assert not ts.provisional.any()
+    _, extra = nb._table_layout.unpack_info(ts.modes[False].cells_info)
+    assert np.all(extra[provisional] == nb._table_layout.SUBBITS[-1])
+    for g, w in zip(got, want, strict=True):
+        assert np.all(np.abs(g - w) <= np.maximum(1e-12 * w, np.spacing(w)))
+    complete = nb.TableSet(d, delta, "float64")
+    complete.complete()
+    assert complete.is_complete and not complete.provisional.any()

@@ -166,7 +166,7 @@ def test_the_layout_decodes_what_it_encodes():
     rng = np.random.default_rng(2)
     info = np.empty(L.cell_count(kbits), np.int64)
     first = rng.permutation(info.size) * 100  # any distinct rows
-    extra = np.where(rng.random(info.size) < 0.3, L.SUBBITS, 0)
+    extra = rng.choice(L.SUBBITS, info.size)
     catch = np.array([L.high_offset(kbits) - 1, L.cell_count(kbits) - 1])
     extra[catch] = 0  # (as the build makes them: one row each)
     info[:] = L.pack_info(first, extra)
@@ -241,7 +241,7 @@ def test_every_row_code_is_valid_and_the_exact_share_is_small():
                 assert tab.row_code.size == rows
                 first, extra = _table_layout.unpack_info(tab.cells_info)
                 assert np.all(first + (1 << extra) <= rows)
-                assert np.isin(extra, [0, _table_layout.SUBBITS]).all()
+                assert np.isin(extra, _table_layout.SUBBITS).all()
                 flags = _table_layout.ROW_TOP | _table_layout.ROW_EXACT
                 if not log:
                     flags |= _table_layout.ROW_EXP_LO

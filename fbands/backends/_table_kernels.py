@@ -410,4 +410,5 @@ def touched_cells(x, logp, kbits, closed, touched):
                 z = 1.0 - v if high else v
             cell[i - np.uint64(start)] = cell_index(np.float64(z).view(np.int64), high, kbits)
         for k in range(cell.size):
-            touched[cell[k]] = 1
+            if touched[cell[k]] == 0:  # (a read keeps the line shared between the cores)
+                touched[cell[k]] = 1

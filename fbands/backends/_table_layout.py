@@ -10,7 +10,7 @@ Cells.  ``z`` lies in binade ``b`` when ``2^-(b+1) <= z < 2^-b``; each binade is
 ``2^kbits`` cells by the top ``kbits`` bits of the mantissa.  The cells of ``p <= 1/2``
 come first (``NB_LO`` binades, then one catch-all cell for smaller ``p``), then those of
 ``1 - p < 1/2`` (``NB_HI`` binades and a catch-all cell).  ``cells_info[cell]`` packs the
-cell's first row and how many more mantissa bits (0, or ``SUBBITS`` for a refined cell)
+cell's first row and how many more mantissa bits (one of :data:`SUBBITS`)
 choose one of its rows; the mantissa bits below those give the coordinate
 ``u in [-1, 1)`` of ``z`` on its row, exactly.
 
@@ -57,11 +57,12 @@ ROW_EXACT = 2
 #: exponential; set where r spans too many orders of magnitude over the row for a
 #: polynomial in r itself (KL's r_lo ~ exp(-delta / p) at small p).
 ROW_EXP_LO = 4
-#: Extra mantissa bits, ``2^SUBBITS`` subrows, of a cell its rows do not resolve (a
-#: saturation threshold inside it, an edge that bends too fast): 64 times shorter rows
-#: resolve all but a few of those at the thresholds themselves.
-SUBBITS = 6
-#: Bits of ``cells_info`` that hold a cell's extra mantissa bits (0 or SUBBITS < 16); the
+#: Extra mantissa bits a cell may take to choose one of ``2^bits`` rows, tried in this
+#: order by the build: none (one row; most cells), 1 (two half rows, cheap to build: a
+#: radius met once), 6 (64 times shorter rows: they resolve all but the few at the
+#: saturation thresholds themselves, and fit r where half rows need an exp).
+SUBBITS = (0, 1, 6)
+#: Bits of ``cells_info`` that hold a cell's extra mantissa bits (all SUBBITS < 16); the
 #: first row sits above them.
 INFO_SHIFT = 4
 #: Mask of the extra-bits field of ``cells_info``.

@@ -91,7 +91,7 @@ def load(k: str, kbits: int, cells: int, row: int, table_cls):
                 or code.ndim != 1 or coef.size != code.size * row):
             return None
         first, extra = _table_layout.unpack_info(info)
-        if (first.min() < 0 or not np.isin(extra, (0, _table_layout.SUBBITS)).all()
+        if (first.min() < 0 or not np.isin(extra, _table_layout.SUBBITS).all()
                 or (first + (1 << extra)).max() > code.size):
             return None
         out[log] = table_cls(kbits, coef, code, info)

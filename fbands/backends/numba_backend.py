@@ -398,39 +398,52 @@ def _fitter(layout: str) -> _Fitter:
     return _Fitter(cfg["tol"], cfg["zero_below"])
 
 
-def _cell_rows(div, delta: float, layout: str, cells: np.ndarray, first_row: int):
+def _cell_rows(div, delta: float, layout: str, cells: np.ndarray, first_row: int,
+               levels=_table_layout.SUBBITS):
     """The rows of table cells ``cells`` (indices into ``cells_info``, no catch-all cell):
-    ``({log: (coef, code)}, info)``, the rows numbered from ``first_row`` on.
+    ``({log: (coef, code)}, info, provisional)``, the rows numbered from ``first_row`` on.
 
-    One row per cell; a cell whose row misses the tolerance takes :data:`SUBBITS` more
-    mantissa bits to choose one of ``2^SUBBITS`` subrows (appended after the main rows),
-    and a subrow that still misses is marked to be solved exactly.
+    One row per cell, unless ``levels`` starts with 0.  A cell whose row misses the
+    tolerance takes the extra mantissa bits of the first of ``levels`` (see
+    :data:`~._table_layout.SUBBITS`) whose subrows all meet it, or of the last, where
+    a subrow that still misses is marked to be solved exactly.  ``provisional``: the cells
+    kept at an earlier level with ratio subrows that take an exp (:meth:`TableSet.refine`
+    gives them the last level's rows).
     """
     L = _table_layout
     kbits, refine = LAYOUTS[layout]["kbits"], LAYOUTS[layout]["refine"]
     fit = _fitter(layout)
-    w = fit.w
     high = cells > L.NB_LO << kbits  # past the low side's catch-all cell
     b, j = L.cell_of_row(kbits, np.where(high, cells - 1, cells))
-    z = L.cell_z(kbits, b[:, None], j[:, None], w[None, :])
-    on_high = np.broadcast_to(high[:, None], z.shape)
-    modes = fit(*_solve_z(div, z, on_high, delta, refine), allow_exp=False)
-
-    nsub = 1 << L.SUBBITS
-    failed = np.nonzero(((modes[True][1] | modes[False][1]) & L.ROW_EXACT) != 0)[0]
-    info = L.pack_info(first_row + np.arange(cells.size, dtype=np.int64), 0)
-    if failed.size:
-        frac = ((np.arange(nsub)[:, None] + w) / nsub)[None]  # (1, nsub, points)
-        z_sub = L.cell_z(kbits, b[failed][:, None, None], j[failed][:, None, None], frac)
-        z_sub = z_sub.reshape(failed.size * nsub, -1)
-        high_sub = np.broadcast_to(np.repeat(high[failed], nsub)[:, None], z_sub.shape)
-        sub = fit(*_solve_z(div, z_sub, high_sub, delta, refine))
-        modes = {log: tuple(np.concatenate((m, s)) for m, s in zip(modes[log], sub[log],
-                                                                    strict=True))
+    modes = {log: (np.empty((0, L.ROW)), np.empty(0, dtype=np.int64)) for log in (True, False)}
+    info = np.zeros(cells.size, dtype=np.int64)
+    provisional = np.zeros(cells.size, dtype=bool)
+    left = np.arange(cells.size)
+    for level, bits in enumerate(levels):
+        nsub = 1 << bits
+        frac = ((np.arange(nsub)[:, None] + fit.w) / nsub)[None]  # (1, nsub, points)
+        z = L.cell_z(kbits, b[left][:, None, None], j[left][:, None, None], frac)
+        z = z.reshape(left.size * nsub, -1)
+        on_high = np.broadcast_to(np.repeat(high[left], nsub)[:, None], z.shape)
+        # A whole cell's row fits r itself or goes to subrows: an exp per element costs
+        # the pass more than subrows cost the build (see ROW_EXP_LO).
+        sub = fit(*_solve_z(div, z, on_high, delta, refine), allow_exp=bits > 0)
+        missed = (((sub[True][1] | sub[False][1]) & L.ROW_EXACT) != 0).reshape(left.size, -1)
+        last = level == len(levels) - 1
+        keep = np.ones(left.size, dtype=bool) if last else ~missed.any(axis=1)
+        rows = np.repeat(keep, nsub)
+        first = first_row + modes[True][0].shape[0]
+        modes = {log: tuple(np.concatenate((m, s[rows])) for m, s in zip(modes[log], sub[log],
+                                                                         strict=True))
                  for log in modes}
-        info[failed] = L.pack_info(first_row + cells.size + nsub * np.arange(failed.size),
-                                   L.SUBBITS)
-    return modes, info
+        info[left[keep]] = L.pack_info(first + nsub * np.arange(int(keep.sum())), bits)
+        if not last:
+            exp_rows = ((sub[False][1] & L.ROW_EXP_LO) != 0).reshape(left.size, -1)
+            provisional[left[keep]] = exp_rows[keep].any(axis=1)
+        left = left[~keep]
+        if not left.size:
+            break
+    return modes, info, provisional
 
 
 class TableSet:
@@ -443,6 +456,12 @@ class TableSet:
     arrays (:attr:`modes`, ``{log: Table}``) in one assignment, so that a reader never sees
     a half-built table.  A radius that changes every call thus costs the cells its data
     touches (a few hundred of a table's thousands for a typical batch), not a whole table.
+
+    A cell that needs shorter rows first tries two half rows (:data:`~._table_layout.SUBBITS`).
+    Where those give a lower edge as an exp, the cell is *provisional*: right for a radius
+    met once, at the price of an exp per element; :meth:`refine`, called when the radius
+    comes back, and :meth:`complete` give it the 64 short rows that fit ``r`` itself.  (The
+    rows it leaves stay in the arrays, unread.)
     """
 
     def __init__(self, div, delta: float, layout: str):
@@ -452,6 +471,7 @@ class TableSet:
         n = L.cell_count(self.kbits)
         self.built = np.zeros(n, dtype=bool)
         self.built[[L.NB_LO << self.kbits, n - 1]] = True  # the catch-all cells stay exact
+        self.provisional = np.zeros(n, dtype=bool)
         exact = (np.zeros((1, L.ROW)), L.row_code([False], [True]))
         self._rows = {log: exact for log in (True, False)}
         self._lock = threading.Lock()
@@ -479,17 +499,26 @@ class TableSet:
         return self._add(np.nonzero(touched.view(bool) & ~self.built)[0])
 
     def complete(self) -> dict[bool, Table]:
-        """Every cell built: ``{log: Table}``."""
+        """Every cell built, none provisional: ``{log: Table}``."""
         self._add(np.nonzero(~self.built)[0])
+        self.refine()
         return self.modes
 
-    def _add(self, cells: np.ndarray) -> bool:
+    def refine(self) -> None:
+        """Give the provisional cells (half rows with an exp, built for a radius met once)
+        the rows of the last level: called when the radius is used again."""
+        if self.provisional.any():
+            self._add(np.nonzero(self.provisional)[0], _table_layout.SUBBITS[-1:])
+
+    def _add(self, cells: np.ndarray, levels=_table_layout.SUBBITS) -> bool:
+        """Build ``cells`` (again, for provisional ones) at ``levels``; whether any."""
         with self._lock:
-            cells = cells[~self.built[cells]]
+            cells = cells[~self.built[cells] | self.provisional[cells]]
             if not cells.size:
                 return False
             first = self._rows[True][0].shape[0]
-            rows, info_new = _cell_rows(self.div, self.delta, self.layout, cells, first)
+            rows, info_new, provisional = _cell_rows(self.div, self.delta, self.layout, cells,
+                                                     first, levels)
             for log, (coef, code) in rows.items():
                 old_coef, old_code = self._rows[log]
                 self._rows[log] = (np.concatenate((old_coef, coef)),
@@ -497,6 +526,7 @@ class TableSet:
             info = self.modes[True].cells_info.copy()
             info[cells] = info_new
             self.built[cells] = True
+            self.provisional[cells] = provisional
             self._publish(info)
             return True
 
@@ -577,6 +607,8 @@ def _fast(div, p, delta, *, logp, invalid, check, log, closed_pass: bool):
         ts = table_set(div, d, layout)
         if ts.is_empty:  # a radius new to this process: first the cells the data reaches
             ts.cover(x, logp)
+        else:  # a radius used again: its provisional cells take their final rows (once)
+            ts.refine()
         idx = _read_table(ts.modes[bool(log)], x, logp, log, closed, at_one, out_lo, out_hi)
         if idx.size and not ts.is_complete and ts.cover(x[idx], logp):
             # Some elements fell in cells not built yet (row 0, exact): read them again.
@@ -620,16 +652,12 @@ def _read_table(tab: Table, x, logp, log, closed, at_one, out_lo, out_hi) -> np.
 
 def lower_at_one(div, delta: float, log: bool) -> float:
     """The lower edge at ``p = 1`` (:meth:`fbands.Divergence.lower_limit_at_one`; ``log``:
-    its log, solved in log space as the numpy backend does), cached per divergence and
-    delta."""
+    its log), by the exact path, cached per divergence and delta."""
     key = (*_key(div), float(delta), bool(log))
     found = _AT_ONE.get(key)
     if found is None:
-        found = _AT_ONE[key] = float(
-            numpy_backend.log_edges(div, 1.0, float(delta), logp=False, invalid="raise",
-                                    check=False)[0]
-            if log else div.lower_limit_at_one(delta)
-        )
+        one = NumpyInputs(np.ones(1), float(delta), logp=False, invalid="raise", check=False)
+        found = _AT_ONE[key] = float(_solved(div, one, False, log)[0][0])
         if len(_AT_ONE) > 4 * MAX_TABLES:
             _AT_ONE.pop(next(iter(_AT_ONE)))
     return found
@@ -638,7 +666,12 @@ def lower_at_one(div, delta: float, log: bool) -> float:
 def _exact(div, p, delta, *, logp, invalid, check, log):
     """Every element by the scalar form of the solver (refined in extended precision where
     float64 cannot resolve a lower edge, as the numpy backend does)."""
-    x = NumpyInputs(p, delta, logp=logp, invalid=invalid, check=check)
+    return _solved(div, NumpyInputs(p, delta, logp=logp, invalid=invalid, check=check),
+                   logp, log)
+
+
+def _solved(div, x: NumpyInputs, logp: bool, log: bool):
+    """The edges of prepared inputs ``x`` (see :func:`_exact`)."""
     flat = [np.ascontiguousarray(a, dtype=np.float64).reshape(-1)
             for a in (x.lp, x.lq, x.p, x.q, x.delta)]
     lo, hi = np.empty_like(flat[0]), np.empty_like(flat[0])
