@@ -7,17 +7,20 @@
    for the elements they leave), validated or not.
 2. The device-table path against the numba backend on the same data (the same tables):
    log-probabilities with p == 1, log p = -inf and log p far below -150 (all for the
-   solver), float64 within 1e-12 and float32 within one ulp, with ``check=True`` (the sync
-   counts the leftovers) and ``check=False`` (static capacity; a small forced capacity
-   must give nan beyond it, never a wrong edge).
-3. No host synchronisation on the hot path: calls with ``check=False`` (both device paths,
-   ratios and log-ratios, p and log p) run under ``torch.cuda.set_sync_debug_mode("error")``,
-   which raises on any synchronising CUDA call (``.item()``, ``.nonzero()``, a blocking copy
-   to the host).
+   solver), float64 within 1e-12 and float32 within one ulp, validated or not, with the
+   leftovers solved on the host (an eager call) and on the device (``sync_free=True``, as
+   when traced or captured: static capacity; a small forced capacity must give nan
+   beyond it, never a wrong edge).
+3. No host synchronisation where there must be none: sync-free calls with ``check=False``
+   (both device paths, ratios and log-ratios, p and log p) run under
+   ``torch.cuda.set_sync_debug_mode("error")``, which raises on any synchronising CUDA
+   call (``.item()``, ``.nonzero()``, a blocking copy to the host); and a plain
+   ``fbands.log_bounds(..., check=False)`` captured in a CUDA graph and replayed gives the
+   eager call's edges.
 4. Throughput at 16M tokens (float32, delta 0.05) against a device copy of the same tensor:
    ns per token and the fraction of copy bandwidth (copy time / band time) for
    ``bounds(p)`` and ``log_bounds(log p, logp=True)`` on each device path, with and without
-   validation, for kl and tv.
+   validation, eager and sync-free, for kl and tv.
 
 Run::
 
@@ -115,10 +118,12 @@ def table_vs_numba(torch, dev) -> list[dict]:
                 want = (fbands.log_bounds if log else fbands.bounds)(
                     x, 0.05, div, backend="numba", logp=True)
                 worst = near = 0.0
-                for check, cap in ((True, None), (False, None), (False, 64)):
+                for check, cap, sync_free in ((True, None, False), (False, None, False),
+                                              (False, None, True), (False, 64, True)):
                     got = getattr(torch_backend, name)(
                         fbands.get(div), torch.tensor(x, device=dev), 0.05, logp=True,
-                        invalid="raise", check=check, path="device-table", capacity=cap)
+                        invalid="raise", check=check, path="device-table", capacity=cap,
+                        sync_free=sync_free)
                     for i, (g, w) in enumerate(zip(got, want, strict=True)):
                         g = g.cpu().numpy()
                         ok = ~np.isnan(g) if cap else np.ones(g.shape, bool)
@@ -143,7 +148,17 @@ def table_vs_numba(torch, dev) -> list[dict]:
     return rows
 
 
+def _sync_free(edge):
+    """``edge`` (torch_backend.edges or log_edges) as a traced or captured call runs it."""
+    def call(x, d, div, *, logp, check):
+        return edge(fbands.get(div), x, d, logp=logp, invalid="raise", check=check,
+                    sync_free=True)
+    return call
+
+
 def no_sync(torch, dev) -> dict:
+    from fbands.backends import torch_backend
+
     lp = torch.log(torch.rand(1 << 16, device=dev, dtype=torch.float32).clamp_min(1e-30))
     delta = torch.full_like(lp, 0.05)
     fbands.log_bounds(lp, delta, "kl", logp=True, check=False)  # warm-up outside the check
@@ -155,12 +170,13 @@ def no_sync(torch, dev) -> dict:
              ("kl, scalar delta (device-table), ratios of p", lp.exp(), 0.05, "kl", False),
              ("tv, scalar delta (device-table), log p", lp, 0.05, "tv", True)]
     for name, x, d, div, logp in cases:
-        for fn in (fbands.bounds, fbands.log_bounds):
+        fns = [_sync_free(edge) for edge in (torch_backend.edges, torch_backend.log_edges)]
+        for fn in fns:
             fn(x, d, div, logp=logp, check=False)  # warm-up: tables built, copied to the device
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            for fn in (fbands.bounds, fbands.log_bounds):
+            for fn in fns:
                 fn(x, d, div, logp=logp, check=False)
             result[name] = "no sync"
         except RuntimeError as err:
@@ -169,10 +185,38 @@ def no_sync(torch, dev) -> dict:
             torch.cuda.set_sync_debug_mode("default")
         torch.cuda.synchronize()
         print(f"host sync check ({name}): {result[name]}", flush=True)
+    result["kl, log p, captured in a CUDA graph"] = graph_capture(torch, lp)
     return result
 
 
+def graph_capture(torch, lp) -> str:
+    """``fbands.log_bounds(lp, 0.05, "kl", logp=True, check=False)`` captured in a CUDA
+    graph (it detects the capture and does not synchronise) and replayed: the eager call's
+    edges, to 1e-6 (float32, different fix-up solvers)."""
+    want = fbands.log_bounds(lp, 0.05, "kl", logp=True, check=False)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream, as capture requires
+        fbands.log_bounds(lp, 0.05, "kl", logp=True, check=False)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            got = fbands.log_bounds(lp, 0.05, "kl", logp=True, check=False)
+        graph.replay()
+        torch.cuda.synchronize()
+    except RuntimeError as err:
+        verdict = f"SYNC: {err}"
+    else:
+        err = max(rel_err(g.cpu().numpy(), w.cpu().numpy()) for g, w in zip(got, want, strict=True))
+        verdict = "no sync" if err <= 1e-6 else f"replay differs by {err:.1e}"
+    print(f"host sync check (CUDA graph capture): {verdict}", flush=True)
+    return verdict
+
+
 def throughput(torch, dev, n: int) -> dict:
+    from fbands.backends import torch_backend
+
     p = torch.rand(n, device=dev, dtype=torch.float32).clamp_(1e-7, 1.0)
 
     def timed(fn, repeat=5):
@@ -200,6 +244,15 @@ def throughput(torch, dev, n: int) -> dict:
                              f(x, d, v, logp=lg, check=c))
                 out[f"{key}_ns_per_token"] = secs / n * 1e9
                 out[f"{key}_x_copy"] = secs / copy_s
+            if not isinstance(d, float):
+                continue
+            # the device-table path as traced or captured calls run it, but eagerly: the
+            # fixed-count solver's launches, which the host fix-up above avoids
+            edge = torch_backend.log_edges if logp else torch_backend.edges
+            secs = timed(lambda e=edge, x=x, v=div, lg=logp: e(
+                fbands.get(v), x, 0.05, logp=lg, invalid="raise", check=False,
+                sync_free=True), repeat=2)
+            out[f"{div}_{name}_device_fixup_eager_ns_per_token"] = secs / n * 1e9
     print(json.dumps(out, indent=1), flush=True)
     return out
 

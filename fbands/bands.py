@@ -151,10 +151,11 @@ def bounds(
         Validate the input.  ``False`` skips the checks (and, on torch, the host
         synchronisation they cost); invalid elements then give unspecified values.  It
         never changes how the band is computed (:func:`choose_path` decides that).  On a
-        GPU with one scalar ``delta``, the few elements the tables leave go to the exact
-        solver through a buffer of static size without the checks' synchronisation; in the
-        rare call that needs more, those beyond it are nan (see
-        :func:`fbands.backends.torch_backend.capacity`).
+        GPU with one scalar ``delta``, an eager call synchronises once anyway, to solve
+        the few elements the tables leave on the host; traced by ``torch.compile`` or
+        captured in a CUDA graph it does not, and solves them on the device through a
+        buffer of static size; in the rare call that needs more, those beyond it are nan
+        (see :func:`fbands.backends.torch_backend.capacity`).
 
     Returns
     -------
@@ -207,8 +208,9 @@ EXACT = "exact"
 #: torch: a CPU tensor handed to the numba backend through a numpy view (which then takes
 #: one of the three paths above).
 NUMBA = "numba"
-#: torch: the tables read by torch operations on the tensor's device, with the exact
-#: fixed-count solver for the elements they leave (no host synchronisation).
+#: torch: the tables read by torch operations on the tensor's device; the elements they
+#: leave are solved on the host after one synchronisation, or, where the call may not
+#: synchronise (traced, or captured in a CUDA graph), by the fixed-count solver on the device.
 DEVICE_TABLE = "device-table"
 #: torch: the exact fixed-count solver on every element (no host synchronisation).
 DEVICE_SOLVER = "device-solver"

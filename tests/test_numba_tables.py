@@ -305,7 +305,7 @@ def test_probability_one_takes_its_limit_in_the_fast_passes(monkeypatch):
     def no_exact_path(*args, **kwargs):
         raise AssertionError("p == 1 went to the exact path")
 
-    monkeypatch.setattr(numba_backend, "_exact", no_exact_path)
+    monkeypatch.setattr(numba_backend, "solve_exact", no_exact_path)
     for div in ("kl", "reverse_kl", "tv", "chi2"):
         for log in (False, True):
             fn = fbands.log_bounds if log else fbands.bounds

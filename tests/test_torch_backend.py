@@ -239,15 +239,16 @@ def test_device_table_path_equals_numba(div, dtype):
             want = (fbands.log_bounds if log else fbands.bounds)(
                 x, 0.05, div, backend="numba", logp=logp)
             for check in (True, False):
-                got = _call(log, torch.from_numpy(x), 0.05, div, path=bands.DEVICE_TABLE,
-                            logp=logp, check=check)
-                _same_as_numba(got, want, dtype, (logp, log, check))
+                for sync_free in (False, True):  # leftovers on the host, or on the device
+                    got = _call(log, torch.from_numpy(x), 0.05, div, path=bands.DEVICE_TABLE,
+                                logp=logp, check=check, sync_free=sync_free)
+                    _same_as_numba(got, want, dtype, (logp, log, check, sync_free))
 
 
 def test_beyond_the_capacity_nan_never_a_wrong_edge():
     """More elements for the solver than the sync-free buffer holds: the first ``capacity``
-    are solved, the rest are nan (never the table's unchecked value); with check=True the
-    validation's sync counts them and every one is solved."""
+    are solved, the rest are nan (never the table's unchecked value); when the call may
+    synchronise (check=True, or not sync-free) every one is solved."""
     rng = np.random.default_rng(3)
     tiny = rng.uniform(-900.0, -151.0, 40)  # log p below LP_CLOSED: all for the solver
     # p == 1 and p -> 0 are limits that need no solver: the only leftovers are the tiny p
@@ -256,11 +257,12 @@ def test_beyond_the_capacity_nan_never_a_wrong_edge():
     for log in (False, True):
         want = (fbands.log_bounds if log else fbands.bounds)(x, 0.05, "kl", backend="numba",
                                                               logp=True)
-        got = _call(log, t, 0.05, "kl", path=bands.DEVICE_TABLE, logp=True, check=True,
-                    capacity=8)
-        _same_as_numba(got, want, np.float64, log)
+        for check, sync_free in ((True, True), (False, False)):
+            got = _call(log, t, 0.05, "kl", path=bands.DEVICE_TABLE, logp=True, check=check,
+                        capacity=8, sync_free=sync_free)
+            _same_as_numba(got, want, np.float64, log)
         got = _call(log, t, 0.05, "kl", path=bands.DEVICE_TABLE, logp=True, check=False,
-                    capacity=8)
+                    capacity=8, sync_free=True)
         solved = np.ones(x.size, dtype=bool)
         solved[32 + 8: 32 + 40] = False  # the tiny ones past the first 8
         for g, w in zip(got, want, strict=True):
@@ -340,22 +342,56 @@ class _Syncs:
             monkeypatch.setattr(torch.Tensor, name, counted)
 
 
-@pytest.mark.parametrize("path", [bands.DEVICE_TABLE, bands.DEVICE_SOLVER])
-def test_device_paths_read_nothing_on_the_host(path, monkeypatch):
-    """With check=False neither device path reads a tensor's values on the host: no .item(),
-    .tolist(), bool(tensor) ... (on a GPU, each would wait for the device)."""
+def _sample_lp():
     lp = torch.log(torch.from_numpy(_sample_p(7, 100)))
-    lp = torch.cat((lp, torch.tensor([-math.inf, -400.0], dtype=torch.float64)))
+    return torch.cat((lp, torch.tensor([-math.inf, -400.0], dtype=torch.float64)))
+
+
+@pytest.mark.parametrize("path", [bands.DEVICE_TABLE, bands.DEVICE_SOLVER])
+def test_device_paths_read_nothing_on_the_host_when_compiled(path, monkeypatch):
+    """While torch.compile traces (or a CUDA graph is captured), check=False reads no
+    tensor's values on the host on either device path: no .item(), .tolist(),
+    bool(tensor) ... (on a GPU, each would wait for the device)."""
+    lp = _sample_lp()
     delta = 0.05 if path == bands.DEVICE_TABLE else torch.full_like(lp, 0.05)
     for log in (False, True):
         _call(log, lp, delta, "kl", path=path, logp=True, check=False)  # warm: tables, kernels
+    want = {log: _call(log, lp, delta, "kl", path=path, logp=True) for log in (False, True)}
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert torch_backend.must_not_sync(lp.device)
     syncs = _Syncs(monkeypatch)
+    got = {}
     for log in (False, True):
-        _call(log, lp, delta, "kl", path=path, logp=True, check=False)
+        got[log] = _call(log, lp, delta, "kl", path=path, logp=True, check=False)
         _call(log, lp, delta, "kl", path=path, logp=True, check=False, invalid="nan")
     assert syncs.calls == []
     _call(False, lp, delta, "kl", path=path, logp=True, check=True)
     assert syncs.calls  # (the counter works: validation synchronises once)
+    monkeypatch.undo()
+    for log in (False, True):  # the device solver's values, to 1e-12
+        for g, w in zip(got[log], want[log], strict=True):
+            assert _rel(g.numpy(), w.numpy()) <= 1e-12
+
+
+def test_eager_device_table_solves_the_leftovers_on_the_host(monkeypatch):
+    """Called eagerly, the device-table path waits for the device once, to count what the
+    tables leave, and solves those few elements on the host: a handful of operations,
+    where the fixed-count solver on the device takes tens of thousands."""
+    lp = _sample_lp()
+    _call(True, lp, 0.05, "kl", path=bands.DEVICE_TABLE, logp=True, check=False)
+    assert not torch_backend.must_not_sync(lp.device)
+    syncs = _Syncs(monkeypatch)
+    _call(True, lp, 0.05, "kl", path=bands.DEVICE_TABLE, logp=True, check=False)
+    assert syncs.calls == ["tolist", "numpy"]  # the count, and the leftovers' copy
+    monkeypatch.undo()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        _call(True, lp, 0.05, "kl", path=bands.DEVICE_TABLE, logp=True, check=False)
+    eager = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        _call(True, lp, 0.05, "kl", path=bands.DEVICE_TABLE, logp=True, check=False,
+              sync_free=True)
+    device = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
+    assert eager < 500 < 10_000 < device
 
 
 @pytest.mark.slow  # tracing 60 Newton steps: about a minute a path

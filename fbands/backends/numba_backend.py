@@ -625,8 +625,8 @@ def _fast(div, p, delta, *, logp, invalid, check, log, closed_pass: bool):
                 bad_p, _ = invalid_masks(sub, d, logp)
             if bad_p.any():  # report the first invalid element of the whole array
                 check_values(p, d, logp)
-        out_lo[idx], out_hi[idx] = _exact(div, sub, d, logp=logp, invalid="nan", check=False,
-                                          log=log)
+        out_lo[idx], out_hi[idx] = solve_exact(div, sub, d, logp=logp, invalid="nan",
+                                               check=False, log=log)
     return out_lo.reshape(p.shape), out_hi.reshape(p.shape)
 
 
@@ -663,7 +663,7 @@ def lower_at_one(div, delta: float, log: bool) -> float:
     return found
 
 
-def _exact(div, p, delta, *, logp, invalid, check, log):
+def solve_exact(div, p, delta, *, logp, invalid, check, log):
     """Every element by the scalar form of the solver (refined in extended precision where
     float64 cannot resolve a lower edge, as the numpy backend does)."""
     return _solved(div, NumpyInputs(p, delta, logp=logp, invalid=invalid, check=check),
@@ -671,7 +671,7 @@ def _exact(div, p, delta, *, logp, invalid, check, log):
 
 
 def _solved(div, x: NumpyInputs, logp: bool, log: bool):
-    """The edges of prepared inputs ``x`` (see :func:`_exact`)."""
+    """The edges of prepared inputs ``x`` (see :func:`solve_exact`)."""
     flat = [np.ascontiguousarray(a, dtype=np.float64).reshape(-1)
             for a in (x.lp, x.lq, x.p, x.q, x.delta)]
     lo, hi = np.empty_like(flat[0]), np.empty_like(flat[0])
@@ -686,7 +686,7 @@ def _solved(div, x: NumpyInputs, logp: bool, log: bool):
 def _run(div, p, delta, *, logp, invalid, check, log):
     path = bands.choose_path("numba", div, p, delta, logp=logp, log=log)
     if path == bands.EXACT:
-        return _exact(div, p, delta, logp=logp, invalid=invalid, check=check, log=log)
+        return solve_exact(div, p, delta, logp=logp, invalid=invalid, check=check, log=log)
     return _fast(div, p, delta, logp=logp, invalid=invalid, check=check, log=log,
                  closed_pass=path == bands.CLOSED_PASS)
 

@@ -10,13 +10,16 @@ torch paths:
 * ``device-table`` (a tensor and one scalar ``delta``: the usual call on a GPU): the numba
   backend's interpolation tables for the (divergence, delta) pair, copied to the device
   once, are read with torch operations (:func:`_table_edges`: bit fields, gathers and two
-  Horner chains, a few dozen elementwise kernels), and the elements the tables leave
-  (rows marked exact, ``log p < LP_CLOSED``) are solved by the fixed-count solver on
-  their own (:func:`_fix_up`).  With ``check=False`` that is sync-free: the leftovers are
-  gathered by ``torch.nonzero_static`` into a buffer of static size :func:`capacity`;
-  should more elements need the solver than it holds, those beyond it get nan (never a
-  silently wrong edge).  With ``check=True`` the validation's one synchronisation also
-  counts the leftovers, and all of them are solved, whatever their number.
+  Horner chains, a few dozen elementwise kernels).  The elements the tables leave (rows
+  marked exact, ``log p < LP_CLOSED``) are solved in one of two ways.  Eagerly, one
+  synchronisation counts them (and, with ``check=True``, the invalid input), and the
+  numba backend solves them on the host (:func:`_fix_up_on_host`): a count and two small
+  copies, where the fixed-count solver costs tens of thousands of kernel launches.  While
+  ``torch.compile`` traces the call or a CUDA graph is captured (:func:`must_not_sync`),
+  nothing synchronises: the leftovers are gathered by ``torch.nonzero_static`` into a
+  buffer of static size :func:`capacity` and solved by the fixed-count solver on the
+  device (:func:`_fix_up`); should more elements need it than the buffer holds, those
+  beyond it get nan (never a silently wrong edge).
 * ``device-solver`` (a per-token ``delta`` tensor, MPS, no numba): the shared solver
   (:mod:`fbands._solver`) on every element, bound to torch through
   :class:`TorchNamespace`, with a fixed number of Newton steps (:data:`NEWTON_STEPS`)
@@ -188,9 +191,9 @@ def _run_numba(div, p, delta, *, logp, invalid, check, log):
     return (lo, hi) if native else (lo.to(p.dtype), hi.to(p.dtype))
 
 
-def _run(div, p, delta, *, logp, invalid, check, log, path, capacity):
+def _run(div, p, delta, *, logp, invalid, check, log, path, capacity, sync_free):
     options = dict(logp=logp, invalid=invalid, check=check, log=log, path=path,
-                   capacity=capacity)
+                   capacity=capacity, sync_free=sync_free)
     if torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in (p, delta)
     ):
@@ -269,7 +272,8 @@ def _edge_derivatives(fun: BandFunction, x: Inputs, s):
     return ds_dp, ds_dd
 
 
-def _solve(div, p, delta, *, logp, invalid, check, log, path=None, capacity=None):
+def _solve(div, p, delta, *, logp, invalid, check, log, path=None, capacity=None,
+           sync_free=None):
     """The band along the path :func:`fbands.bands.choose_path` picks (or ``path``)."""
     chosen = bands.choose_path("torch", div, p, delta, logp=logp, log=log, path=path)
     if chosen == bands.NUMBA:
@@ -277,7 +281,7 @@ def _solve(div, p, delta, *, logp, invalid, check, log, path=None, capacity=None
     with torch.no_grad():
         if chosen == bands.DEVICE_TABLE:
             return _table_solve(div, p, scalar_delta(delta), logp=logp, invalid=invalid,
-                                check=check, log=log, size=capacity)
+                                check=check, log=log, size=capacity, sync_free=sync_free)
         x = TensorInputs(p, delta, logp=logp, invalid=invalid, check=check)
         lo, hi = solve_log_edges(div, x.inputs, tiny=x.tiny, at_one=x.at_one)
         return x.finish(lo, hi, log=log)
@@ -286,13 +290,15 @@ def _solve(div, p, delta, *, logp, invalid, check, log, path=None, capacity=None
 # ----------------------------------------------------------------------------- tables
 
 
-def _table_solve(div, p, d: float, *, logp, invalid, check, log, size=None):
+def _table_solve(div, p, d: float, *, logp, invalid, check, log, size=None, sync_free=None):
     """The ``device-table`` path: every element read from the tables, then the exact
-    fixed-count solver on the elements they leave (see the module docstring).
+    solver on the elements they leave (see the module docstring).
 
-    ``check=True``: one synchronisation counts the invalid elements (to raise) and the
-    leftovers (all of them are solved).  ``check=False``: none; the leftovers go through a
-    buffer of static size ``size`` (default :func:`capacity`), and any beyond it get nan.
+    ``sync_free`` (default: :func:`must_not_sync`): the leftovers go to the fixed-count
+    solver on the device through a buffer of static size ``size`` (default
+    :func:`capacity`), and any beyond it get nan.  Otherwise one synchronisation counts
+    them (and the invalid elements, to raise when ``check``), and the numba backend
+    solves them on the host.
     """
     layout = "float64" if p.dtype == torch.float64 else "float32"
     tab, at_one = _tables(div, d, layout, bool(log))
@@ -302,19 +308,20 @@ def _table_solve(div, p, d: float, *, logp, invalid, check, log, size=None):
     zero = x == -math.inf if logp else torch.zeros_like(bad)  # the p -> 0 limit [0, inf)
     more = more & ~(bad | zero)
     left = None
-    tiny = True  # whether some leftover may need the solver's tiny-p branch
-    if check:  # the one sync: to raise, and to size the fix-up (and skip unused branches)
-        small = x < LP_CLOSED if logp else x < math.exp(LP_CLOSED)
-        n_bad, n_more, tiny = torch.stack((bad.sum(), more.sum(), (more & small).sum())).tolist()
-        if n_bad and invalid == "raise":  # indices of p's own shape in the message
+    if sync_free is None:
+        sync_free = must_not_sync(x.device)
+    if check or not sync_free:  # the one sync: to raise, and to count the leftovers
+        n_bad, n_more = torch.stack((bad.sum(), more.sum())).tolist()
+        if check and n_bad and invalid == "raise":  # indices of p's own shape in the message
             raise_invalid(bad.reshape(p.shape), x.reshape(p.shape), False, d, logp)
-        size = n_more
+        if n_more:
+            lo, hi = _fix_up_on_host(div, x, d, lo, hi, more, logp=logp, log=log)
     else:
         size = capacity(x.numel()) if size is None else min(int(size), x.numel())
         if size < x.numel():
             left = more & (torch.cumsum(more, 0) > size)  # beyond the buffer: nan
-    if size:
-        lo, hi = _fix_up(div, x, d, lo, hi, more, size, logp=logp, log=log, tiny=bool(tiny))
+        if size:
+            lo, hi = _fix_up(div, x, d, lo, hi, more, size, logp=logp, log=log)
     lo = torch.where(zero, -math.inf if log else 0.0, lo)
     hi = torch.where(zero, math.inf, hi)
     unknown = bad if left is None else bad | left
@@ -323,10 +330,19 @@ def _table_solve(div, p, d: float, *, logp, invalid, check, log, size=None):
     return lo.to(p.dtype).reshape(p.shape), hi.to(p.dtype).reshape(p.shape)
 
 
+def must_not_sync(device) -> bool:
+    """Whether a call may not wait for ``device``: while ``torch.compile`` traces it, or
+    while a CUDA graph is captured on the current stream (the uses of a sync-free call)."""
+    if torch.compiler.is_compiling():
+        return True
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def _tables(div, d: float, layout: str, log: bool):
     """The numba backend's table of ``div`` at ``d`` and its lower edge at ``p = 1``, kept on
     the divergence in a plain dict (which ``torch.compile`` traces once the entry exists),
-    as many as the numba backend's own cache holds."""
+    as many as the numba backend's own cache holds; the first also binds the torch
+    kernels of the solver, which a traced call cannot derive."""
     from fbands.backends import numba_backend
 
     cache = div.__dict__.get("_torch_tables")
@@ -337,13 +353,14 @@ def _tables(div, d: float, layout: str, log: bool):
     if found is None:
         found = (numba_backend.tables(div, d, layout)[log],
                  numba_backend.lower_at_one(div, d, log))
+        _kernels(div, torch.float64)  # what a traced, sync-free call's fix-up runs
         while len(cache) >= numba_backend.MAX_TABLES:
             del cache[next(iter(cache))]
         cache[key] = found
     return found
 
 
-def _fix_up(div, x, d: float, lo, hi, more, size: int, *, logp, log, tiny=True):
+def _fix_up(div, x, d: float, lo, hi, more, size: int, *, logp, log):
     """``lo, hi`` with the first ``size`` elements marked ``more`` solved exactly, with no
     synchronisation: ``nonzero_static`` pads its index list with -1, and the padding slots
     repeat the first real index (so every write to a position carries the same value), or,
@@ -354,10 +371,25 @@ def _fix_up(div, x, d: float, lo, hi, more, size: int, *, logp, log, tiny=True):
     safe = torch.where(real, idx, idx[:1].clamp(min=0))
     sub = TensorInputs(x[safe], d, logp=logp, invalid="nan", check=False)
     # p == 1 never needs the solver here (the table holds its limit)
-    s_lo, s_hi = solve_log_edges(div, sub.inputs, tiny=tiny, at_one=False)
+    s_lo, s_hi = solve_log_edges(div, sub.inputs, at_one=False)
     s_lo, s_hi = finish_edges(torch, sub.inputs, s_lo, s_hi, None, log=log)
     lo = lo.index_put((safe,), torch.where(any_real, s_lo, lo[safe]))
     hi = hi.index_put((safe,), torch.where(any_real, s_hi, hi[safe]))
+    return lo, hi
+
+
+def _fix_up_on_host(div, x, d: float, lo, hi, more, *, logp, log):
+    """``lo, hi`` with every element marked ``more`` solved by the numba backend's exact
+    path on the host (after the call's synchronisation: a copy of those few elements each
+    way, where the device's fixed-count solver costs thousands of kernel launches)."""
+    from fbands.backends import numba_backend
+
+    idx = torch.nonzero(more).reshape(-1)
+    sub = x[idx].cpu().numpy()
+    s_lo, s_hi = numba_backend.solve_exact(div, sub, d, logp=logp, invalid="nan", check=False,
+                                           log=log)
+    lo = lo.index_put((idx,), torch.from_numpy(s_lo).to(lo.device))
+    hi = hi.index_put((idx,), torch.from_numpy(s_hi).to(hi.device))
     return lo, hi
 
 
@@ -417,20 +449,23 @@ def _table_edges(tab, x, at_one: float, *, logp: bool, log: bool):
     return lo, hi, more
 
 
-def log_edges(div, p, delta, *, logp, invalid, check, path=None, capacity=None):
+def log_edges(div, p, delta, *, logp, invalid, check, path=None, capacity=None,
+              sync_free=None):
     """``(log lower, log upper)`` of the band (see :func:`fbands.log_bounds`).
 
-    ``path`` forces one of the torch paths (``"numba"``, ``"device-table"``,
-    ``"device-solver"``; default: :func:`fbands.bands.choose_path` decides), and
-    ``capacity`` sets the size of the sync-free fix-up buffer of ``"device-table"`` (default
-    :func:`capacity`): both are for tests and benchmarks.
+    For tests and benchmarks: ``path`` forces one of the torch paths (``"numba"``,
+    ``"device-table"``, ``"device-solver"``; default: :func:`fbands.bands.choose_path`
+    decides); on ``"device-table"``, ``sync_free`` forces how the elements the tables leave
+    are solved (default :func:`must_not_sync`: on the device without a synchronisation
+    while being compiled or captured, else on the host), and ``capacity`` sets the size of
+    the sync-free buffer (default :func:`capacity`).
     """
     return _run(div, p, delta, logp=logp, invalid=invalid, check=check, log=True, path=path,
-                capacity=capacity)
+                capacity=capacity, sync_free=sync_free)
 
 
-def edges(div, p, delta, *, logp, invalid, check, path=None, capacity=None):
-    """``(lower, upper)`` of the band (see :func:`fbands.bounds`; ``path`` and ``capacity``
-    as in :func:`log_edges`)."""
+def edges(div, p, delta, *, logp, invalid, check, path=None, capacity=None, sync_free=None):
+    """``(lower, upper)`` of the band (see :func:`fbands.bounds`; ``path``, ``capacity`` and
+    ``sync_free`` as in :func:`log_edges`)."""
     return _run(div, p, delta, logp=logp, invalid=invalid, check=check, log=False, path=path,
-                capacity=capacity)
+                capacity=capacity, sync_free=sync_free)
