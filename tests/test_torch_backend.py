@@ -399,7 +399,9 @@ def test_eager_device_table_solves_the_leftovers_on_the_host(monkeypatch):
 def test_device_paths_compile_with_fullgraph(path):
     """With check=False each device path is one graph: torch.compile(fullgraph=True) raises
     on any graph break, which a host synchronisation in the Python code would cause.  (The
-    tables and kernels are built by a first eager call: sympy and the build do not trace.)"""
+    complete tables and the kernels are built by a radius's second eager call: sympy and
+    the build do not trace.)  Eager calls solve the tables' leftovers on the host, the
+    compiled one on the device: the same edges to 1e-12."""
     torch._dynamo.reset()
     kl = fbands.get("kl")  # the registry lookup stays outside the graph
 
@@ -409,8 +411,29 @@ def test_device_paths_compile_with_fullgraph(path):
 
     lp = torch.log(torch.tensor([0.01, 0.3, 0.9, 1.0], dtype=torch.float64))
     lp = torch.cat((lp, torch.tensor([-200.0, -math.inf], dtype=torch.float64)))
-    delta = 0.05 if path == bands.DEVICE_TABLE else torch.full_like(lp, 0.05)
-    ref = band(lp, delta)
+    delta = 0.0537 if path == bands.DEVICE_TABLE else torch.full_like(lp, 0.0537)
+    band(lp, delta)  # a radius new to the process: the cells it reaches
+    ref = band(lp, delta)  # used again: its complete tables
     got = torch.compile(band, backend="eager", fullgraph=True)(lp, delta)
     for g, r in zip(got, ref, strict=True):
-        assert torch.equal(g, r)
+        assert _rel(g.numpy(), r.numpy()) <= 1e-12
+
+
+def test_a_new_radius_on_the_device_path_builds_only_what_its_data_reaches():
+    """An eager device-table call with a radius new to the process reads the cells built so
+    far (none), solves the rest on the host and builds their cells there; the radius's
+    second call builds its complete tables (what a traced call reads).  Both agree with
+    the numba backend."""
+    from fbands.backends import numba_backend
+
+    kl, d = fbands.get("kl"), 0.0611  # a radius no other test uses
+    lp = torch.log(torch.from_numpy(_sample_p(9, 300)))
+    want = fbands.log_bounds(lp.numpy(), np.full(lp.shape, d), "kl", backend="numba",
+                             logp=True)
+    ts = numba_backend.table_set(kl, d, "float64")
+    assert ts.is_empty
+    for complete in (False, True):
+        got = _call(True, lp, d, "kl", path=bands.DEVICE_TABLE, logp=True, check=False)
+        assert ts.is_complete == complete and not ts.is_empty
+        for g, w in zip(got, want, strict=True):
+            assert _rel(g.numpy(), w) <= 1e-12

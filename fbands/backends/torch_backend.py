@@ -14,7 +14,9 @@ torch paths:
   marked exact, ``log p < LP_CLOSED``) are solved in one of two ways.  Eagerly, one
   synchronisation counts them (and, with ``check=True``, the invalid input), and the
   numba backend solves them on the host (:func:`_fix_up_on_host`): a count and two small
-  copies, where the fixed-count solver costs tens of thousands of kernel launches.  While
+  copies, where the fixed-count solver costs tens of thousands of kernel launches.  An
+  eager call reads a radius's tables as far as they are built (:func:`_tables_so_far`),
+  and the host fix-up builds the cells its leftovers reach.  While
   ``torch.compile`` traces the call or a CUDA graph is captured (:func:`must_not_sync`),
   nothing synchronises: the leftovers are gathered by ``torch.nonzero_static`` into a
   buffer of static size :func:`capacity` and solved by the fixed-count solver on the
@@ -154,7 +156,8 @@ def _kernels(div, dtype: torch.dtype):
 
     Plain attribute and dict lookups are all that ``torch.compile`` has to trace once the
     kernels exist; the first call for a divergence derives them with sympy, which dynamo
-    cannot trace (call once eagerly before compiling with ``fullgraph=True``).
+    cannot trace: an eager call first (on the device-table path, a radius's second eager
+    call, which binds them with its complete tables: see :func:`_tables`).
     """
     table = div.__dict__.get("_torch_kernels")
     if table is None:
@@ -301,21 +304,23 @@ def _table_solve(div, p, d: float, *, logp, invalid, check, log, size=None, sync
     solves them on the host.
     """
     layout = "float64" if p.dtype == torch.float64 else "float32"
-    tab, at_one = _tables(div, d, layout, bool(log))
     x = p.detach().reshape(-1).to(torch.float64)
+    if sync_free is None:
+        sync_free = must_not_sync(x.device)
+    synced = check or not sync_free  # one sync: to raise, and to count the leftovers
+    tab, at_one = (_tables_so_far if synced else _tables)(div, d, layout, bool(log))
     lo, hi, more = _table_edges(tab, x, at_one, logp=logp, log=log)
     bad, _ = invalid_masks(x, d, logp)  # (d: a valid number, checked on the host)
     zero = x == -math.inf if logp else torch.zeros_like(bad)  # the p -> 0 limit [0, inf)
     more = more & ~(bad | zero)
     left = None
-    if sync_free is None:
-        sync_free = must_not_sync(x.device)
-    if check or not sync_free:  # the one sync: to raise, and to count the leftovers
+    if synced:
         n_bad, n_more = torch.stack((bad.sum(), more.sum())).tolist()
         if check and n_bad and invalid == "raise":  # indices of p's own shape in the message
             raise_invalid(bad.reshape(p.shape), x.reshape(p.shape), False, d, logp)
         if n_more:
-            lo, hi = _fix_up_on_host(div, x, d, lo, hi, more, logp=logp, log=log)
+            lo, hi = _fix_up_on_host(div, x, d, lo, hi, more, logp=logp, log=log,
+                                     layout=layout, dtype=p.dtype)
     else:
         size = capacity(x.numel()) if size is None else min(int(size), x.numel())
         if size < x.numel():
@@ -338,11 +343,25 @@ def must_not_sync(device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
+def _tables_so_far(div, d: float, layout: str, log: bool):
+    """The table and lower edge at ``p = 1`` that a call which may synchronise reads: the
+    cells built so far, for a radius new to the process (:class:`numba_backend.TableSet`;
+    the host fix-up builds those its elements reach, so a radius that changes every call
+    costs milliseconds, not a complete build), the complete table from its second call on
+    (built then, once: what a traced or captured call reads, see :func:`_tables`)."""
+    from fbands.backends import numba_backend
+
+    ts = numba_backend.table_set(div, d, layout)
+    if ts.is_empty or ts.is_complete:
+        return ts.modes[log], numba_backend.lower_at_one(div, d, log)
+    return _tables(div, d, layout, log)
+
+
 def _tables(div, d: float, layout: str, log: bool):
-    """The numba backend's table of ``div`` at ``d`` and its lower edge at ``p = 1``, kept on
-    the divergence in a plain dict (which ``torch.compile`` traces once the entry exists),
-    as many as the numba backend's own cache holds; the first also binds the torch
-    kernels of the solver, which a traced call cannot derive."""
+    """The numba backend's complete table of ``div`` at ``d`` and its lower edge at
+    ``p = 1``, kept on the divergence in a plain dict (which ``torch.compile`` traces once
+    the entry exists), as many as the numba backend's own cache holds; the first also
+    binds the torch kernels of the solver, which a traced call cannot derive."""
     from fbands.backends import numba_backend
 
     cache = div.__dict__.get("_torch_tables")
@@ -378,18 +397,24 @@ def _fix_up(div, x, d: float, lo, hi, more, size: int, *, logp, log):
     return lo, hi
 
 
-def _fix_up_on_host(div, x, d: float, lo, hi, more, *, logp, log):
-    """``lo, hi`` with every element marked ``more`` solved by the numba backend's exact
-    path on the host (after the call's synchronisation: a copy of those few elements each
-    way, where the device's fixed-count solver costs thousands of kernel launches)."""
+def _fix_up_on_host(div, x, d: float, lo, hi, more, *, logp, log, layout, dtype):
+    """``lo, hi`` with every element marked ``more`` solved by the numba backend on the
+    host (after the call's synchronisation: a copy of those few elements each way, where
+    the device's fixed-count solver costs thousands of kernel launches).  The cells they
+    fall in are built first, so that the next call reads them on the device."""
     from fbands.backends import numba_backend
 
     idx = torch.nonzero(more).reshape(-1)
-    sub = x[idx].cpu().numpy()
-    s_lo, s_hi = numba_backend.solve_exact(div, sub, d, logp=logp, invalid="nan", check=False,
-                                           log=log)
-    lo = lo.index_put((idx,), torch.from_numpy(s_lo).to(lo.device))
-    hi = hi.index_put((idx,), torch.from_numpy(s_hi).to(hi.device))
+    sub = x[idx].cpu().numpy()  # float64: p's values exactly
+    ts = numba_backend.table_set(div, d, layout)
+    if not ts.is_complete:
+        ts.cover(sub.astype(np.float32) if layout == "float32" else sub, logp)
+    # float32 p: its own layout (the tables just built); others in float64, rounded once
+    work = sub.astype(np.float32) if dtype == torch.float32 else sub
+    fn = numba_backend.log_edges if log else numba_backend.edges
+    s_lo, s_hi = fn(div, work, d, logp=logp, invalid="nan", check=False)
+    lo = lo.index_put((idx,), torch.from_numpy(s_lo).to(lo.device, lo.dtype))
+    hi = hi.index_put((idx,), torch.from_numpy(s_hi).to(hi.device, hi.dtype))
     return lo, hi
 
 
