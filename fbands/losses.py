@@ -8,10 +8,13 @@ Every loss here takes the same four tensors, in verl's order,
 * ``mask``: the response mask, ``(B, T)``, 1 (or ``True``) on tokens that count,
 
 and a :class:`LossConfig` that names the method and its constants.  It returns a 0-dim loss
-(with gradient) and a dict of 0-dim detached metric tensors.  On an accelerator nothing
-syncs with the host; on the CPU, where it is free, the inputs are validated first (the
-``check`` argument: a positive "log-probability", a nan or crossed band edge, a negative
-mask raise :class:`fbands.LossError`; unchecked, they give a nan loss).
+(with gradient) and a dict of 0-dim detached metric tensors.  On an accelerator the loss
+never syncs with the host; the f-divergence band (:func:`precompute_band`, once per
+batch) synchronises once when called eagerly, to solve on the host the few tokens its
+tables leave, and not at all when compiled or captured in a CUDA graph.  On the CPU, where
+it is free, the inputs are validated first (the ``check`` argument: a positive
+"log-probability", a nan or crossed band edge, a negative mask raise
+:class:`fbands.LossError`; unchecked, they give a nan loss).
 
 With :math:`\log r = \text{logp} - \text{logp\_old}` and :math:`r = e^{\log r}`, every
 method is a per-token term aggregated over the mask (:func:`agg_loss`):

@@ -1,4 +1,4 @@
-"""torch backend: the band on tensors, on any device, with no host synchronisation.
+"""torch backend: the band on tensors, on any device, with at most one host synchronisation.
 
 Which way a call is computed is decided by :func:`fbands.bands.choose_path` (the table is in
 its docstring and in the docs' implementation notes); this module carries out the three
