@@ -208,7 +208,8 @@ def graph_capture(torch, lp) -> str:
     except RuntimeError as err:
         verdict = f"SYNC: {err}"
     else:
-        err = max(rel_err(g.cpu().numpy(), w.cpu().numpy()) for g, w in zip(got, want, strict=True))
+        err = max(rel_err(g.cpu().numpy(), w.cpu().numpy())
+                  for g, w in zip(got, want, strict=True))
         verdict = "no sync" if err <= 1e-6 else f"replay differs by {err:.1e}"
     print(f"host sync check (CUDA graph capture): {verdict}", flush=True)
     return verdict
@@ -239,7 +240,7 @@ def throughput(torch, dev, n: int) -> dict:
                                  ("bounds_p_per_token_delta", p, per_token, False)):
             fn = fbands.log_bounds if logp else fbands.bounds
             for check in (False, True):
-                key = f"{div}_{name}_{'checked' if check else 'sync_free'}"
+                key = f"{div}_{name}_{'checked' if check else 'unchecked'}"
                 secs = timed(lambda f=fn, x=x, d=d, v=div, c=check, lg=logp:
                              f(x, d, v, logp=lg, check=c))
                 out[f"{key}_ns_per_token"] = secs / n * 1e9
