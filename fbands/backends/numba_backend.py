@@ -79,7 +79,7 @@ from fbands import _cache, _solver, bands, symbolic
 from fbands._inputs import NumpyInputs, check_values, invalid_masks, scalar_delta
 from fbands._solver import LP_CLOSED
 from fbands.backends import _numba_template as template
-from fbands.backends import _table_kernels, _table_layout, _table_store, numpy_backend
+from fbands.backends import _table_kernels, _table_layout, _table_store, _threads, numpy_backend
 
 __all__ = ["LAYOUTS", "kernels", "tables", "log_edges", "edges"]
 
@@ -280,7 +280,8 @@ def _solve_z(div, z: np.ndarray, high: np.ndarray, delta: float, refine: float):
     flat = [np.ascontiguousarray(a, dtype=np.float64).reshape(-1) for a in (lp, lq, p, q)]
     lo, hi = np.empty_like(flat[0]), np.empty_like(flat[0])
     d = np.full_like(flat[0], delta)
-    kernels(div).solve_arrays(*flat, d, lo, hi)
+    with _threads.sized(lo.size, "exact"):
+        kernels(div).solve_arrays(*flat, d, lo, hi)
     suspect = numpy_backend.near_saturation(div, _solver.Inputs(*flat, d), lo, refine)
     return lo.reshape(z.shape), hi.reshape(z.shape), lp, suspect.reshape(z.shape)
 
@@ -495,7 +496,8 @@ class TableSet:
         in; whether there was any to build."""
         touched = np.zeros(self.built.size, dtype=np.uint8)
         closed = LP_CLOSED if logp else math.exp(LP_CLOSED)
-        _table_kernels.touched_cells(x, bool(logp), self.kbits, closed, touched)
+        with _threads.sized(x.size, "touch"):
+            _table_kernels.touched_cells(x, bool(logp), self.kbits, closed, touched)
         return self._add(np.nonzero(touched.view(bool) & ~self.built)[0])
 
     def complete(self) -> dict[bool, Table]:
@@ -600,9 +602,11 @@ def _fast(div, p, delta, *, logp, invalid, check, log, closed_pass: bool):
     layout = "float32" if p.dtype == np.float32 else "float64"
     if closed_pass:
         block_bad = np.empty(_blocks(x.size), dtype=np.int64)
-        mod.closed_pass(x, d, closed, at_one, LAYOUTS[layout]["small_edge"], out_lo, out_hi,
-                        block_bad)
-        idx = _table_kernels.unfinished(out_lo, block_bad) if block_bad.any() else np.arange(0)
+        with _threads.sized(x.size, "pass"):
+            mod.closed_pass(x, d, closed, at_one, LAYOUTS[layout]["small_edge"], out_lo,
+                            out_hi, block_bad)
+            idx = (_table_kernels.unfinished(out_lo, block_bad) if block_bad.any()
+                   else np.arange(0))
     else:
         ts = table_set(div, d, layout)
         if ts.is_empty:  # a radius new to this process: first the cells the data reaches
@@ -639,14 +643,16 @@ def _read_table(tab: Table, x, logp, log, closed, at_one, out_lo, out_hi) -> np.
     whose lower edge is an exponential; returns the indices of the elements left to the
     exact solver."""
     block_bad = np.empty(_blocks(x.size), dtype=np.int64)
-    _table_kernels.table_pass(x, bool(logp), bool(log), tab.coef, tab.row_code,
-                              tab.cells_info, tab.kbits, closed, at_one, out_lo, out_hi,
-                              block_bad)
-    idx = _table_kernels.unfinished(out_lo, block_bad) if block_bad.any() else np.arange(0)
-    if idx.size and tab.exp_lo:
-        idx = idx[_table_kernels.finish_exp_rows(x, idx, bool(logp), tab.coef, tab.row_code,
-                                                 tab.cells_info, tab.kbits, closed, at_one,
-                                                 out_lo, out_hi)]
+    with _threads.sized(x.size, "pass"):
+        _table_kernels.table_pass(x, bool(logp), bool(log), tab.coef, tab.row_code,
+                                  tab.cells_info, tab.kbits, closed, at_one, out_lo, out_hi,
+                                  block_bad)
+        idx = (_table_kernels.unfinished(out_lo, block_bad) if block_bad.any()
+               else np.arange(0))
+        if idx.size and tab.exp_lo:
+            idx = idx[_table_kernels.finish_exp_rows(x, idx, bool(logp), tab.coef,
+                                                     tab.row_code, tab.cells_info, tab.kbits,
+                                                     closed, at_one, out_lo, out_hi)]
     return idx
 
 
@@ -675,7 +681,8 @@ def _solved(div, x: NumpyInputs, logp: bool, log: bool):
     flat = [np.ascontiguousarray(a, dtype=np.float64).reshape(-1)
             for a in (x.lp, x.lq, x.p, x.q, x.delta)]
     lo, hi = np.empty_like(flat[0]), np.empty_like(flat[0])
-    kernels(div).solve_arrays(*flat, lo, hi)
+    with _threads.sized(lo.size, "exact"):
+        kernels(div).solve_arrays(*flat, lo, hi)
     with np.errstate(all="ignore"):
         refine = LAYOUTS["float32" if x.dtype == np.float32 else "float64"]["refine"]
         lo = numpy_backend.refine_near_saturation(div, _solver.Inputs(*flat), lo,
