@@ -60,6 +60,8 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
+
 from fbands._optional import raise_missing
 
 try:
@@ -566,10 +568,7 @@ def precompute_band(
         x = x.clamp(max=0.0)  # a log-softmax may round a near-certain token to +1e-7
         fixed_lo, fixed_hi = _fixed_log_edges(cfg)
         if cfg.method in _DIVERGENCE_BAND:
-            import fbands  # at call time: the package's __init__ may import this module
-
-            # x is valid now (checked, or bad tokens replaced): no second check, no sync.
-            log_lo, log_hi = fbands.log_bounds(x, cfg.delta, cfg.div, logp=True, check=False)
+            log_lo, log_hi = _divergence_band(x, valid, cfg)
         elif cfg.method == "dcpo":
             log_lo, log_hi = dcpo_log_bounds(x, cfg.eps_low, cfg.eps_high)
         else:  # _FIXED_BAND
@@ -585,6 +584,37 @@ def precompute_band(
             nan = torch.full_like(log_lo, math.nan)
             log_lo, log_hi = torch.where(bad, nan, log_lo), torch.where(bad, nan, log_hi)
     return Band(log_lo, log_hi)
+
+
+def _on_host(x: Tensor) -> bool:
+    """Whether ``x`` lies in host memory, where numpy can index it without a copy."""
+    return x.device.type == "cpu"
+
+
+def _divergence_band(x: Tensor, valid: Tensor | None, cfg: LossConfig) -> tuple[Tensor, Tensor]:
+    """:func:`fbands.log_bounds` of the valid log-probabilities ``x`` (padding already
+    replaced by :data:`_PAD_LOGP`).
+
+    On the CPU only the tokens of the mask are solved (trainers hand over padded
+    ``(batch, length)`` tensors, often several times more padding than tokens); padding
+    takes the band of the stand-in, solved once with them.  On an accelerator the whole
+    tensor goes through: picking the tokens would cost a host synchronisation (their
+    count), more than the device table pass spends on the padding.
+    """
+    import fbands  # at call time: the package's __init__ may import this module
+
+    # x is valid now (checked, or bad tokens replaced): no second check, no sync.
+    if valid is None or not _on_host(x):
+        return fbands.log_bounds(x, cfg.delta, cfg.div, logp=True, check=False)
+    flat = x.reshape(-1).numpy()  # (numpy's indexing is several times faster than torch's)
+    idx = np.flatnonzero(valid.reshape(-1).numpy())
+    kept = np.concatenate((flat[idx], np.array([_PAD_LOGP], flat.dtype)))  # (tokens + 1,)
+    lo, hi = (e.numpy() for e in fbands.log_bounds(torch.from_numpy(kept), cfg.delta, cfg.div,
+                                                   logp=True, check=False))
+    out_lo, out_hi = np.full_like(flat, lo[-1]), np.full_like(flat, hi[-1])
+    out_lo[idx], out_hi[idx] = lo[:-1], hi[:-1]
+    log_lo, log_hi = torch.from_numpy(out_lo).view(x.shape), torch.from_numpy(out_hi).view(x.shape)
+    return log_lo, log_hi
 
 
 # --------------------------------------------------------------------------------------

@@ -11,10 +11,12 @@ from __future__ import annotations
 import math
 
 import mpmath
+import numpy as np
 import pytest
 import torch
 
 import fbands
+from fbands import losses
 from fbands.losses import (
     AGG_MODES,
     METHODS,
@@ -499,6 +501,8 @@ def test_every_method_returns_metrics_without_host_sync(method, monkeypatch):
     band = precompute_band(logp_old, cfg)
     with monkeypatch.context() as patch:
         forbid_host_sync(patch)
+        # the CPU tensors stand in for device ones: the band takes the device's route
+        patch.setattr(losses, "_on_host", lambda x: False)
         # check=False: what the default does on an accelerator (it checks on the CPU only)
         loss, metrics = policy_loss(logp_old, logp, adv, mask, cfg, band, check=False)
         loss_inside, _ = policy_loss(logp_old, logp, adv, mask, cfg, check=False)
@@ -647,6 +651,33 @@ def test_precompute_band_uses_core_log_bounds():
         torch.testing.assert_close(band.log_upper, want[1])
     band = precompute_band(logp_old, LossConfig(method="band_clip", div="tv", delta=0.05))
     torch.testing.assert_close(band.log_upper, tv_band(logp_old, 0.05).log_upper)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_precompute_band_solves_only_the_tokens_of_the_mask(monkeypatch, dtype):
+    gen = torch.Generator().manual_seed(3)
+    logp_old = torch.log(torch.rand(6, 40, generator=gen, dtype=dtype) * 0.999 + 1e-4)
+    mask = torch.rand(6, 40, generator=gen) < 0.3  # (most of a padded batch is padding)
+    mask[0] = False  # a row with no token at all
+    cfg = LossConfig(method="band_clip", div="kl", delta=0.05)
+    sizes = []
+    real = fbands.log_bounds
+
+    def spy(x, *args, **kwargs):
+        sizes.append(x.numel() if hasattr(x, "numel") else np.size(x))
+        return real(x, *args, **kwargs)
+
+    monkeypatch.setattr(fbands, "log_bounds", spy)
+    band = precompute_band(logp_old, cfg, mask=mask.to(dtype))
+    assert sizes == [int(mask.sum()) + 1]  # the tokens, and one stand-in for the padding
+    assert band.log_lower.dtype == dtype and band.log_lower.shape == logp_old.shape
+    # the same edges as the whole tensor, bit for bit, on the tokens; padding gets the
+    # band of the stand-in p, as an unmasked tensor of it would
+    whole_lo, whole_hi = real(logp_old, 0.05, "kl", logp=True)
+    assert torch.equal(band.log_lower[mask], whole_lo[mask])
+    assert torch.equal(band.log_upper[mask], whole_hi[mask])
+    pad_lo, pad_hi = real(torch.full((1,), math.log(0.5), dtype=dtype), 0.05, "kl", logp=True)
+    assert torch.all(band.log_lower[~mask] == pad_lo) and torch.all(band.log_upper[~mask] == pad_hi)
 
 
 @pytest.mark.parametrize("method", ["band_clip", "band_mask", "band_gppo", "trgppo"])
