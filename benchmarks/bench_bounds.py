@@ -51,23 +51,31 @@ Run::
 ``benchmarks/results/bench_bounds.json`` and ``bench_bounds.md`` (``--out`` for another
 directory: do that for a partial run).
 
-The script sets ``OMP_WAIT_POLICY=PASSIVE`` (unless set already): torch and numba each
-keep an OpenMP thread pool, and with the default policy the idle threads of one spin while
-the other works; on a small machine that made every parallel call here 10-20x slower
-(bisection included), which would measure the scheduler rather than the solvers.
+Two environments.  The script's own numbers are taken with ``OMP_WAIT_POLICY=PASSIVE``
+(unless set already): torch and numba each keep an OpenMP thread pool, and with the default
+policy the idle threads of one spin while the other works, which here measures the
+scheduler as much as the solvers.  A user has no such setting, so the backend table is
+timed a second time in a child process with the default environment (``--env default``,
+``OMP_WAIT_POLICY`` removed), and each row reports both: ``default ns/token`` and
+``default / own``.  ``--env own`` skips that second run.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before numpy, torch or numba load
+#: "own" (the script's setting), "default" (a user's environment), "both" (own, then the
+#: backend table again in a child with the default environment)
+ENV = sys.argv[sys.argv.index("--env") + 1] if "--env" in sys.argv[:-1] else "both"
+if ENV != "default":
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before numpy, torch or numba load
 
 import argparse  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import shutil  # noqa: E402
-import sys  # noqa: E402
+import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -635,9 +643,15 @@ def markdown(report: dict) -> str:
                          f"{r['exp_ns_per_token']:.2f} | {r['floor_ratio']:.2f} |")
         lines.append("")
     if "results" in report:
+        de = report.get("default_env")
         lines += [
             "## Backends",
             "",
+            *([f"`default ns/token`: the same row timed again in a child process with a "
+               f"user's environment (no `OMP_WAIT_POLICY`; load average at its start "
+               f"{de['machine']['load_average_at_start']}); `default / own` over this "
+               f"run's: median {de['median_ratio']:.2f}, from {de['min_ratio']:.2f} to "
+               f"{de['max_ratio']:.2f}.", ""] if de else []),
             "Data `llm`: p half uniform on (0, 1), half with 1 - p "
             "log-uniform on [1e-7, 0.1]. "
             "`torch` = CPU tensors through the torch backend (handed to numba); "
@@ -651,18 +665,43 @@ def markdown(report: dict) -> str:
             "best of 25 (32k), 15 (1M) or 5 (16M) calls after a warm-up call (the bisection: "
             "3, and 1 at 16M; numpy and torch-native: 1); the `copy` rows are timed alone.",
             "",
-            "| backend | div | dtype | N | data | ns/token | speed-up vs bisection | x copy |",
-            "|---|---|---|---|---|---:|---:|---:|",
+            "| backend | div | dtype | N | data | ns/token | speed-up vs bisection | x copy "
+            "| default ns/token | default / own |",
+            "|---|---|---|---|---|---:|---:|---:|---:|---:|",
         ]
         for r in report["results"]:
             sp = r.get("speedup_vs_bisection")
             xc = r.get("x_copy")
+            dn, dr = r.get("default_ns_per_token"), r.get("default_over_own")
             lines.append(
                 f"| {r['backend']} | {r['div']} | {r['dtype']} | {r['size']} | {r['data']} | "
                 f"{r['ns_per_token']:.2f} | {'' if sp is None else f'{sp:.1f}'} | "
-                f"{'' if xc is None else f'{xc:.1f}'} |"
+                f"{'' if xc is None else f'{xc:.1f}'} | {'' if dn is None else f'{dn:.2f}'} | "
+                f"{'' if dr is None else f'{dr:.2f}'} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def add_default_env(report: dict, quick: bool) -> dict:
+    """Time the backend table again in a child process with a user's environment (no
+    ``OMP_WAIT_POLICY``) and put its ns/token beside each row of ``report``."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--env", "default", "--blocks",
+               "main", "--out", tmp, *(["--quick"] if quick else [])]
+        subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+        child = json.loads((Path(tmp) / "bench_bounds.json").read_text())
+    key = ("backend", "div", "dtype", "size", "data")
+    found = {tuple(r[k] for k in key): r for r in child["results"]}
+    ratios = []
+    for row in report["results"]:
+        other = found.get(tuple(row[k] for k in key))
+        if other is not None:
+            row["default_ns_per_token"] = other["ns_per_token"]
+            row["default_over_own"] = other["ns_per_token"] / row["ns_per_token"]
+            ratios.append(row["default_over_own"])
+    return {"machine": child["machine"], "median_ratio": float(np.median(ratios)),
+            "max_ratio": float(np.max(ratios)), "min_ratio": float(np.min(ratios))}
 
 
 def main(argv=None) -> int:
@@ -673,6 +712,9 @@ def main(argv=None) -> int:
     ap.add_argument("--blocks", default=",".join(BLOCKS),
                     help=f"comma-separated blocks to run among {', '.join(BLOCKS)}")
     ap.add_argument("--out", type=Path, default=RESULTS, help="directory for the results")
+    ap.add_argument("--env", choices=("both", "own", "default"), default="both",
+                    help="own: OMP_WAIT_POLICY=PASSIVE; default: a user's environment; both "
+                         "(default): own, then the backend table in the default environment")
     args = ap.parse_args(argv)
     blocks = [b.strip() for b in args.blocks.split(",") if b.strip()]
     unknown = sorted(set(blocks) - set(BLOCKS))
@@ -682,6 +724,8 @@ def main(argv=None) -> int:
     if args.tokens < 1:
         ap.error("--tokens must be at least 1")
     report = run(args.quick, args.tokens, blocks)
+    if args.env == "both" and "main" in blocks:
+        report["default_env"] = add_default_env(report, args.quick)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench_bounds.json").write_text(json.dumps(report, indent=1))
     (args.out / "bench_bounds.md").write_text(markdown(report))

@@ -26,19 +26,16 @@ Results go to ``benchmarks/results/bench_startup.json`` and ``bench_startup.md``
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see bench_bounds.py
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

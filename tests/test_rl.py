@@ -94,6 +94,9 @@ def test_smoke_run_writes_metrics_and_checkpoint(tmp_path):
         for key in ("loss/clipfrac_upper", "loss/clipfrac_lower", "loss/tail_clipfrac_upper",
                     "loss/band_width", "loss/approx_kl_k3", "time/band_share"):
             assert np.isfinite(r[key]), key
+        step_s = r["time/rollout_s"] + r["time/update_s"]
+        assert 0 < r["time/band_s"] < step_s
+        assert r["time/band_share"] == pytest.approx(r["time/band_s"] / step_s)
     assert last["step"] == 3
     saved = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
     assert saved["step"] == 3 and saved["data_position"] == 3 * cfg.prompts_per_step

@@ -20,6 +20,13 @@ Read :func:`train` top to bottom; it is the whole algorithm:
    more forward pass);
 7. one line of metrics to ``metrics.jsonl``; a non-finite loss stops the run (the last good
    checkpoint stays); an atomic checkpoint every ``checkpoint_every`` steps.
+
+Timing metrics: ``time/rollout_s`` (sampling and scoring), ``time/update_s`` (old
+log-probabilities, the band and the PPO epochs), ``tokens_per_s`` (response tokens over
+both), ``time/band_s`` (the seconds inside :func:`~fbands.losses.precompute_band`, with the
+device synchronised before and after) and ``time/band_share`` (that over the step).  They
+time the band's own work only; whether it slows the operations around it is what
+``benchmarks/bench_step.py`` measures, as the step time against clip's.
 """
 
 from __future__ import annotations
@@ -407,6 +414,9 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
                "tokens_per_s": n_tokens / (t_end - t_start),
                "time/rollout_s": t_rollout - t_start,
                "time/update_s": t_end - t_rollout,
+               # the band's own seconds (precompute_band, synchronised before and after);
+               # what it costs the rest of the step, benchmarks/bench_step.py measures
+               "time/band_s": t_band,
                "time/band_share": t_band / (t_end - t_start),
                **clip_split_metrics(clip_counts)}
         if step_cfg.method in _DIVERGENCE_BAND:  # the radius this step's band used

