@@ -8,16 +8,22 @@ each run in a fresh process with the environment a user has (``OMP_WAIT_POLICY``
 the same round.
 
 Losses: ``clip`` (PPO, eps 0.2; the baseline), ``band-kl`` and ``band-tv`` (delta 0.05),
-and ``band-kl`` under a schedule (a new radius every step, ``linear:0.08:0.02:STEPS``).
+and ``band-kl`` under a schedule (a new radius every step, ``linear:0.08:0.02:STEPS``).  A
+band loss also trains another policy than clip, which changes what a step computes (the
+values, not the shapes); the control row ``clip + band-kl computed`` trains clip's policy
+and computes band-kl's band every step beside it, so its ratio is the band's own cost to the
+step, interference included, and nothing else (built-in model only).
 
 Parts (``--parts``, default all):
 
 * ``builtin``: ``fbands train`` on the built-in model (the tail task, its defaults), the
-  losses taking turns for ``--rounds`` rounds; the ratio is the median over rounds of the
-  median step time of steps 2..N against clip's of the same round.  Step 1 is reported on
-  its own: with a warm cache (compiled kernels on disk, as on a user's second run), and
-  with a cold one (fresh ``HOME``, ``FBANDS_CACHE_DIR`` and ``NUMBA_CACHE_DIR``: a user's
-  very first run).
+  losses taking turns for ``--rounds`` rounds (in reversed order every other round); the
+  ratio is the median of every step after step 1 of every round against clip's (the
+  ratios of single rounds are shown beside it: a process runs up to 10% faster or
+  slower than the next on a shared virtual machine, more than the band costs).  Step 1
+  is reported on its own: with a warm cache (compiled kernels on disk, as on a user's
+  second run), and with a cold one (fresh ``HOME``, ``FBANDS_CACHE_DIR`` and
+  ``NUMBA_CACHE_DIR``: a user's very first run).
 * ``trl``: the TRL plug-in (:class:`fbands.integrations.trl.BandGRPOTrainer`) on the same
   built-in model and task on the CPU; the baseline is the same trainer with
   ``band_method="clip"`` (TRL's own ``GRPOTrainer`` is timed beside it).
@@ -56,12 +62,17 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
 
+#: the control row's name, and the child's flag for it (not an option of fbands train)
+CONTROL, BESIDE = "clip + band-kl computed", "--band-kl-beside"
 #: loss name -> options of ``fbands train`` (STEPS is replaced by the run's step count)
 LOSSES = {
     "clip": ["--loss", "clip"],
     "band-kl": ["--loss", "band-kl", "--delta", "0.05"],
     "band-tv": ["--loss", "band-tv", "--delta", "0.05"],
     "band-kl schedule": ["--loss", "band-kl", "--delta-schedule", "linear:0.08:0.02:STEPS"],
+    # the control: clip's training, with band-kl's band computed (and thrown away) every
+    # step; a band loss also trains a different policy, this row keeps the policy clip's
+    CONTROL: ["--loss", "clip", BESIDE],
 }
 #: what the benchmark removes from the environment of every run: a user has neither
 TUNING_VARIABLES = ("OMP_WAIT_POLICY", "NUMBA_NUM_THREADS", "OMP_NUM_THREADS")
@@ -101,10 +112,27 @@ def train_run(loss: str, steps: int, work: Path, env: dict, extra: list[str]) ->
 
 
 def child(argv: list[str]) -> int:
-    """Run the ``fbands`` CLI in this process, then print its peak resident memory."""
+    """Run the ``fbands`` CLI in this process, then print its peak resident memory.
+
+    With :data:`BESIDE` in ``argv``, the trainer's ``precompute_band`` also computes the KL
+    band at delta 0.05 of the same log-probabilities and drops it (the control row)."""
     import resource
 
     from fbands.cli import main
+
+    if BESIDE in argv:
+        argv = [a for a in argv if a != BESIDE]
+        import fbands
+        from fbands.rl import train as trainer
+
+        real = trainer.precompute_band
+
+        def with_band_beside(logp_old, cfg, **options):
+            fbands.log_bounds(logp_old.detach().float().clamp(max=0.0), 0.05, "kl", logp=True,
+                              check=False)
+            return real(logp_old, cfg, **options)
+
+        trainer.precompute_band = with_band_beside
 
     rc = main(argv)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
@@ -231,7 +259,8 @@ def part_smollm2(args, work: Path) -> dict | None:
         return None
     env = user_env()
     extra = ["--model", "smollm2-135m"]
-    runs = {loss: train_run(loss, args.llm_steps, work, env, extra) for loss in LOSSES}
+    runs = {loss: train_run(loss, args.llm_steps, work, env, extra) for loss in LOSSES
+            if loss != CONTROL}
     clip = later_steps(runs["clip"])
     print("smollm2: " + ", ".join(f"{k} {later_steps(v) / clip:.3f}" for k, v in runs.items()),
           flush=True)
@@ -251,14 +280,19 @@ def table_sizes() -> dict:
     return out
 
 
+def pooled(part: dict, loss: str) -> float:
+    """Median step time after step 1 over every round's steps."""
+    return statistics.median(s for r in part["rounds"] for s in r[loss]["steps_s"][1:])
+
+
 def summarise(part: dict) -> dict:
-    """Per loss: median ratio to clip after step 1, step 1 time, peak memory."""
+    """Per loss: ratio to clip after step 1 (pooled, and per round), step 1, peak memory."""
     out = {}
     for loss in part["rounds"][0]:
         ratios = [later_steps(r[loss]) / later_steps(r["clip"]) for r in part["rounds"]]
-        out[loss] = {"ratio_after_step1": statistics.median(ratios),
+        out[loss] = {"ratio_after_step1": pooled(part, loss) / pooled(part, "clip"),
                      "ratios": ratios,
-                     "step_s": statistics.median(later_steps(r[loss]) for r in part["rounds"]),
+                     "step_s": pooled(part, loss),
                      "step1_s": statistics.median(r[loss]["steps_s"][0]
                                                   for r in part["rounds"]),
                      "peak_rss_mib": max(r[loss]["peak_rss_mib"] for r in part["rounds"])}
@@ -273,8 +307,16 @@ def markdown(report: dict) -> str:
              f"Machine: {report['machine']['cpu']}, {report['machine']['cores']} cores; "
              f"load average at start {report['machine']['load']}; environment without "
              f"{', '.join(TUNING_VARIABLES)}; {report['args']}.", "",
-             "Ratio: the loss's median step time after step 1 over clip's in the same round "
-             "(median over rounds). Goal: at most 1.05.", ""]
+             "`step / clip`: the loss's median step time after step 1, over the steps of "
+             "every round, against clip's; `per round`: the same within each round. "
+             "`band s`: the seconds inside `precompute_band` a step (median). Goal: at most "
+             "1.05.", "",
+             "How to read it: a band loss trains another policy than clip, so its steps "
+             "compute other values; `clip + band-kl computed` trains clip's policy and "
+             "computes band-kl's band beside it every step, so its ratio is what the band "
+             "itself costs the step, interference included. The spread of the per-round "
+             "ratios, and of TRL's own `GRPOTrainer` against the same trainer with fbands' "
+             "clip (the `trl` row: no band at all), is the noise of this machine.", ""]
     names = {"builtin": "built-in model, `fbands train`", "trl": "TRL plug-in, built-in model",
              "smollm2": "SmolLM2-135M, LoRA, `fbands train`"}
     for part, title in names.items():
@@ -285,7 +327,7 @@ def markdown(report: dict) -> str:
                   "| loss | step / clip | per round | step s | step 1 s | band s | peak RSS MiB |",
                   "|---|---|---|---|---|---|---|"]
         for loss, v in s.items():
-            band = f"{v['band_s'] * 1e3:.2f} ms" if "band_s" in v else "-"
+            band = f"{v['band_s'] * 1e3:.2f} ms" if "band_s" in v else "-"  # (TRL: not logged)
             lines.append(f"| {loss} | {v['ratio_after_step1']:.3f} | "
                          + " ".join(f"{x:.3f}" for x in v["ratios"])
                          + f" | {v['step_s']:.3f} | {v['step1_s']:.2f} | {band} | "
@@ -315,8 +357,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2 rounds of 6 steps, no smollm2")
     ap.add_argument("--parts", default="builtin,trl,smollm2")
-    ap.add_argument("--rounds", type=int, default=None, help="rounds per part (default 4)")
-    ap.add_argument("--steps", type=int, default=None, help="steps per run (default 12)")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds per part (default 6)")
+    ap.add_argument("--steps", type=int, default=None, help="steps per run (default 16)")
     ap.add_argument("--llm-steps", type=int, default=3)
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -327,8 +369,8 @@ def main(argv=None) -> int:
         return child(args.rest)
     if args.trl_child:
         return trl_child(args.trl_child, args.steps, str(args.out))
-    args.rounds = args.rounds or (2 if args.quick else 4)
-    args.steps = args.steps or (6 if args.quick else 12)
+    args.rounds = args.rounds or (2 if args.quick else 6)
+    args.steps = args.steps or (6 if args.quick else 16)
     parts = set(args.parts.split(","))
     if args.quick:
         parts.discard("smollm2")

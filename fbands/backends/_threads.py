@@ -33,9 +33,10 @@ __all__ = ["PARALLEL_FROM_S", "COST_S", "start", "sized"]
 
 #: Serial work (seconds on one core) from which a kernel call uses numba's threads.
 #: Below it the call is too short for threads to pay on a busy machine (a parallel region
-#: there can wait a scheduler time slice, milliseconds, for a descheduled worker); the
-#: crossover on an idle 2-core machine is far lower, about 50 microseconds, so above this
-#: threshold threads win on either (``benchmarks/bench_step.py`` measures both).
+#: there can wait a scheduler time slice, milliseconds, for a descheduled worker).  On an
+#: idle 2-core machine two threads win from about 50 microseconds of work, so this gives
+#: up some speed of mid-sized calls there (32k tokens through the tables) for calls that
+#: never wait on the scheduler.
 PARALLEL_FROM_S = 2e-3
 
 #: Rough cost of one element on one core, per kind of kernel call (seconds): enough to
