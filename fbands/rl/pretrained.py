@@ -97,12 +97,64 @@ def converted_folder(gguf: Path, cache_dir: Path, label: str) -> Path:
     return cache_dir / "models" / f"{label}-{digest}"
 
 
+#: what a GGUF load may leave on the model object (and the config of each of its models):
+#: newer transformers (5.2x) keep a GGUF "quantizer" attached even when every weight was
+#: unpacked to float32, and then ``save_pretrained`` refuses the model as not serializable
+_QUANTIZER_ATTRS = ("hf_quantizer", "quantization_method", "is_quantized")
+_QUANTIZER_CONFIG_ATTRS = ("quantization_config", "_is_quantized")
+
+
+def clear_quantizer_state(model) -> None:
+    """Strip the quantization bookkeeping from a model whose weights are already dense.
+
+    After this, ``model.save_pretrained`` writes a plain checkpoint whose ``config.json``
+    has no ``quantization_config``, so it loads back as an ordinary float model.  Every
+    parameter and buffer must be a floating-point tensor: a model that still holds packed
+    (integer) blocks raises :class:`RuntimeError`, since saving it as dense would be wrong.
+    """
+    packed = sorted({name.rsplit(".", 1)[0] for name, t in
+                     (*model.named_parameters(), *model.named_buffers())
+                     if not t.is_floating_point()})
+    if packed:
+        raise RuntimeError(f"{len(packed)} modules still hold quantized (non-float) tensors, "
+                           f"e.g. {packed[0]!r}; de-quantise the model before clearing")
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if module is not model and config is None:
+            continue
+        for attr in _QUANTIZER_ATTRS:
+            if attr in vars(module):
+                delattr(module, attr)
+        for attr in _QUANTIZER_CONFIG_ATTRS:
+            if config is not None and attr in vars(config):
+                delattr(config, attr)
+    # ``save_pretrained`` reads ``getattr(model, "hf_quantizer", None)``: pin it to None in
+    # case a class-level default ever names a quantizer
+    model.hf_quantizer = None
+    model.is_quantized = False
+
+
+def _gguf_load_options() -> dict:
+    """Extra ``from_pretrained`` options for a GGUF file: ask transformers versions that can
+    keep GGUF blocks packed (those with ``GgufConfig``) to unpack every weight instead."""
+    try:
+        from transformers import GgufConfig
+    except ImportError:  # older transformers: GGUF files are always de-quantised on load
+        return {}
+    return {"quantization_config": GgufConfig(dequantize=True)}
+
+
 def convert_gguf(gguf: Path, target: Path, log=print) -> Path:
     """De-quantise ``gguf`` into the Hugging Face folder ``target`` (atomic); return it.
 
     The tokenizer's end-of-sequence token is set to the model's end-of-turn token (the
     ``eos_token_id`` of its generation config) when they differ, and a missing pad token
     becomes that token too: GGUF metadata often names ``<|im_start|>`` as eos.
+
+    Every weight is de-quantised to float32 and the quantizer state that transformers attaches
+    to a GGUF load is cleared (:func:`clear_quantizer_state`), so ``target`` is a plain model
+    folder whose ``config.json`` has no ``quantization_config``, under every transformers
+    version the ``llm`` extra allows.
     """
     from fbands.rl.config import ConfigError
 
@@ -120,7 +172,8 @@ def convert_gguf(gguf: Path, target: Path, log=print) -> Path:
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                     dtype=torch.float32)
+                                                     dtype=torch.float32, **_gguf_load_options())
+        clear_quantizer_state(model)  # the weights are float32 now: save them as a plain model
         end = model.generation_config.eos_token_id
         end = end[0] if isinstance(end, (list, tuple)) and end else end
         if isinstance(end, int) and end != tokenizer.eos_token_id:
