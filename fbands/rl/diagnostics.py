@@ -50,3 +50,106 @@ def clip_split_metrics(counts: torch.Tensor) -> dict[str, float]:
     c = counts.tolist()
     return {"clip/tail": c[0] / max(c[1], 1.0), "clip/rest": c[2] / max(c[3], 1.0),
             "clip/tail_tokens": c[1] / max(c[1] + c[3], 1.0)}
+
+
+# --- what one update did, per minibatch -----------------------------------------------------
+#: the ratio interval whose leavers :func:`update_stats` counts (PPO's usual 0.2 clip)
+RATIO_WINDOW = (0.8, 1.2)
+#: names of the entries of :func:`update_stats`, in order
+UPDATE_STATS = ("ratio_q05", "ratio_q50", "ratio_q95", "ratio_min", "ratio_max", "outside",
+                "clipped")
+
+
+@torch.no_grad()
+def update_stats(logp_old, logp, mask, clipped_share) -> torch.Tensor:
+    """The ratio distribution of one minibatch update, as a float tensor (no host sync).
+
+    Entries, named by :data:`UPDATE_STATS`: the 5 %, 50 % and 95 % quantiles, the minimum
+    and maximum of :math:`r = \\pi / \\pi_{old}` over the tokens of ``mask``, the share of
+    them outside :data:`RATIO_WINDOW`, and ``clipped_share`` (the loss's ``clipfrac``)
+    as given.  The first update of a step is on-policy (every ratio 1), which is why the
+    trainer logs these per update rather than averaged.
+
+    Example
+    -------
+    >>> import math, torch
+    >>> old = torch.log(torch.tensor([[0.5, 0.5, 0.5]]))
+    >>> new = old + torch.log(torch.tensor([[1.0, 1.5, 0.5]]))
+    >>> [round(v, 4) for v in update_stats(old, new, torch.ones(1, 3), torch.tensor(0.0)).tolist()]
+    [0.55, 1.0, 1.45, 0.5, 1.5, 0.6667, 0.0]
+    """
+    valid = mask > 0
+    ratio = torch.exp((logp.detach() - logp_old).float())
+    kept = torch.where(valid, ratio, torch.nan).reshape(-1)
+    quantiles = torch.nanquantile(kept, torch.tensor([0.05, 0.5, 0.95], device=kept.device))
+    low, high = RATIO_WINDOW
+    n = valid.sum().clamp(min=1)
+    outside = (valid & ((ratio < low) | (ratio > high))).sum() / n
+    extremes = torch.stack([torch.where(valid, ratio, torch.inf).min(),
+                            torch.where(valid, ratio, -torch.inf).max()])
+    return torch.cat([quantiles, extremes, outside[None],
+                      clipped_share.detach().float().reshape(1)])
+
+
+# --- what the whole step did to the sampled tokens ------------------------------------------
+#: edges of the old-probability bins of :func:`logp_change_by_bin`
+P_OLD_EDGES = (0.01, 0.1, 0.5)
+P_OLD_BINS = ("p<0.01", "p0.01-0.1", "p0.1-0.5", "p>=0.5")
+
+
+@torch.no_grad()
+def logp_change_by_bin(logp_old, logp_new, advantages, mask) -> dict[str, float]:
+    """Mean change of :math:`\\log \\pi` over one step, by old probability and sign of A.
+
+    For every sampled token of ``mask``, :math:`\\Delta = \\log \\pi_{new} - \\log \\pi_{old}`
+    (the policy after all the step's updates against the one that sampled), averaged in
+    the bins :data:`P_OLD_BINS` of :math:`\\pi_{old}` for tokens with :math:`A > 0` and
+    with :math:`A < 0` (tokens with :math:`A = 0` get no gradient and are left out).
+    Keys ``dlogp/A+/<bin>``, ``dlogp/A-/<bin>`` (None for an empty bin) and
+    ``tokens/A+/<bin>``, ``tokens/A-/<bin>`` (the counts).  The paper's mechanism: a band
+    lets rare tokens with :math:`A > 0` gain more than a fixed clip does.
+
+    Example
+    -------
+    >>> import math, torch
+    >>> old = torch.log(torch.tensor([[0.05, 0.6]]))
+    >>> new = old + torch.tensor([[0.3, 0.1]])
+    >>> out = logp_change_by_bin(old, new, torch.tensor([1.0]), torch.ones(1, 2))
+    >>> round(out["dlogp/A+/p0.01-0.1"], 6), out["tokens/A+/p>=0.5"], out["dlogp/A-/p<0.01"]
+    (0.3, 1, None)
+    """
+    delta = (logp_new - logp_old).double()
+    index = torch.bucketize(logp_old.double(),
+                            torch.tensor([math.log(e) for e in P_OLD_EDGES],
+                                         dtype=torch.float64, device=logp_old.device))
+    sign = torch.sign(advantages)[:, None].expand_as(delta)
+    valid = mask > 0
+    rows = []
+    for s in (1.0, -1.0):
+        for b in range(len(P_OLD_BINS)):
+            sel = (valid & (sign == s) & (index == b)).double()
+            rows.append(torch.stack([(delta * sel).sum(), sel.sum()]))
+    sums = torch.stack(rows).tolist()  # one host sync
+    out: dict[str, float] = {}
+    for k, (total, count) in enumerate(sums):
+        side = "A+" if k < len(P_OLD_BINS) else "A-"
+        name = P_OLD_BINS[k % len(P_OLD_BINS)]
+        out[f"dlogp/{side}/{name}"] = total / count if count else None
+        out[f"tokens/{side}/{name}"] = int(count)
+    return out
+
+
+@torch.no_grad()
+def tail_gain_per_prompt(logp_old, logp_new, advantages, mask, group_size: int) -> list:
+    """Per prompt, the mean :math:`\\Delta \\log \\pi` of its tail tokens with :math:`A > 0`.
+
+    Rows are prompt-major (``group_size`` samples per prompt); a tail token has
+    :math:`\\pi_{old} <` :data:`~fbands.losses.TAIL_PROB`.  None for a prompt without such
+    a token.  Two runs that share a step's rollout and weights (same seed, first step)
+    differ only by their loss, so the per-prompt difference is an exactly paired measure.
+    """
+    sel = ((mask > 0) & (logp_old < math.log(TAIL_PROB)) & (advantages[:, None] > 0)).double()
+    delta = (logp_new - logp_old).double() * sel
+    sums = delta.view(-1, group_size * delta.shape[1]).sum(-1)
+    counts = sel.view(-1, group_size * sel.shape[1]).sum(-1)
+    return [s / c if c else None for s, c in zip(sums.tolist(), counts.tolist(), strict=True)]

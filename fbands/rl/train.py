@@ -15,10 +15,13 @@ Read :func:`train` top to bottom; it is the whole algorithm:
    the k3 KL of its updates, step 6);
 5. ``ppo_epochs`` passes over ``minibatches`` shuffled minibatches: the policy loss, plus
    optionally a k3 KL to the reference and an entropy bonus; Adam with gradient clipping;
-6. with an adaptive radius, the step's KL: the k3 estimate ``r - 1 - log r`` of the policy
-   after all the updates against the one that sampled, averaged over the batch's tokens (one
-   more forward pass);
-7. one line of metrics to ``metrics.jsonl``; a non-finite loss stops the run (the last good
+6. with ``mechanism_metrics`` or an adaptive radius, one more forward pass: the policy
+   after all the updates against the one that sampled, as the step's KL (the k3 estimate
+   ``r - 1 - log r`` averaged over the batch's tokens, and its running sum) and the change
+   of log p of the sampled tokens by old probability and sign of the advantage
+   (:mod:`fbands.rl.diagnostics`);
+7. one line of metrics to ``metrics.jsonl`` (the loss's diagnostics over the off-policy
+   updates, and per update in order); a non-finite loss stops the run (the last good
    checkpoint stays); an atomic checkpoint every ``checkpoint_every`` steps.
 
 Timing metrics: ``time/rollout_s`` (sampling and scoring), ``time/update_s`` (old
@@ -46,9 +49,24 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fbands.losses import _DIVERGENCE_BAND, TAIL_PROB, Band, agg_loss, policy_loss, precompute_band
+from fbands.losses import (
+    _DIVERGENCE_BAND,
+    METRIC_KEYS,
+    TAIL_PROB,
+    Band,
+    agg_loss,
+    policy_loss,
+    precompute_band,
+)
 from fbands.rl.config import ConfigError, TrainConfig
-from fbands.rl.diagnostics import clip_split_metrics, tail_clip_counts
+from fbands.rl.diagnostics import (
+    UPDATE_STATS,
+    clip_split_metrics,
+    logp_change_by_bin,
+    tail_clip_counts,
+    tail_gain_per_prompt,
+    update_stats,
+)
 from fbands.rl.model import load_policy, pad_batch, token_logprobs, warm_start
 from fbands.rl.rollout import answer_start_columns, greedy_accuracy, sample
 from fbands.rl.tasks import make_task
@@ -183,14 +201,41 @@ _RESUMABLE_CHANGES = {"steps", "progress", "checkpoint_every", "threads", "devic
 
 
 @torch.no_grad()
-def _p_correct(model, codec, prompts, cfg, device, autocast) -> float:
-    """Mean probability (temperature 1) that the policy samples the rewarded answer."""
-    ids, mask, width_p = pad_batch([codec.prompt_ids(p.text) for p in prompts],
-                                   [codec.answer_ids(p.answer) for p in prompts],
+def _held_out_scores(model, codec, task, prompts, cfg, device, autocast) -> dict[str, float]:
+    """Teacher-forced scores of the held-out prompts, at the sampling temperature.
+
+    ``p_correct`` and ``logp_correct``: the mean probability and mean log-probability that
+    the policy writes the task's rewarded text (:meth:`~fbands.rl.tasks.Task.rewarded_text`;
+    followed by the end token when the reward is an exact match); ``entropy/first``: the
+    mean entropy of the first answer token's distribution, which unlike the sampled
+    answers' token-mean does not move with the answers' length or content.
+    """
+    answers = [codec.answer_ids(task.rewarded_text(p)) for p in prompts]
+    if not task.exact_match:  # the reward reads a prefix: no end token after it
+        answers = [a[:-1] for a in answers]
+    ids, mask, width_p = pad_batch([codec.prompt_ids(p.text) for p in prompts], answers,
                                    codec.pad_id, device)
     with autocast():
-        logp, _ = token_logprobs(model, ids, mask, width_p, chunk=cfg.logprob_chunk)
-    return float((logp * mask[:, width_p:]).sum(-1).exp().mean())
+        logp, entropy = token_logprobs(model, ids, mask, width_p, temperature=cfg.temperature,
+                                       chunk=cfg.logprob_chunk)
+    seq = (logp * mask[:, width_p:]).sum(-1)  # (n,) log P(rewarded text)
+    return {"p_correct": float(seq.exp().mean()), "logp_correct": float(seq.mean()),
+            "entropy/first": float(entropy[:, 0].mean())}
+
+
+@torch.no_grad()
+def _held_out_samples(model, codec, task, prompts, cfg, step, device, autocast) -> dict:
+    """``eval/pass@1`` and ``eval/pass@k``: ``k = cfg.eval_samples`` answers per held-out
+    prompt at the sampling temperature, drawn from a generator of their own."""
+    k = cfg.eval_samples
+    generator = torch.Generator(device=device).manual_seed(
+        int(np.random.default_rng([cfg.seed, step, 2]).integers(2**62)))
+    batch = sample(model, codec, [p.text for p in prompts], k, cfg.max_new_tokens,
+                   cfg.temperature, generator, device, autocast)
+    rewards = np.array([task.reward(prompts[i // k], c)
+                        for i, c in enumerate(batch.completions)]).reshape(-1, k)
+    return {"eval/pass@1": float(rewards.mean()),
+            f"eval/pass@{k}": float((rewards.max(axis=1) > 0).mean())}
 
 
 # --- the loop ------------------------------------------------------------------------------
@@ -266,6 +311,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
     eval_prompts = task.prompts(np.random.default_rng([cfg.warm_start_seed, 99]),
                                 cfg.eval_prompts, split="eval")
     G, start_step = cfg.group_size, 0
+    kl_total = 0.0  # KL(old || new) summed over the steps (kl/cumulative)
     if saved is not None:
         try:
             model.load_state_dict(saved["model"])
@@ -278,6 +324,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
             raise ConfigError(f"checkpoint {str(ckpt_path)!r} does not fit this run's model "
                               f"and optimizer ({reason})") from err
         start_step = saved["step"]
+        kl_total = float(saved.get("kl_cumulative", 0.0))
         lines = metrics_path.read_text().splitlines() if metrics_path.exists() else []
         kept = [ln for ln in lines if _logged_step(ln) <= start_step]
         metrics_path.write_text("".join(ln + "\n" for ln in kept))  # drop unsaved steps
@@ -288,7 +335,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
 
     def save_checkpoint(step: int) -> None:
         _save_atomic({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                      "rng": _rng_state(device), "step": step,
+                      "rng": _rng_state(device), "step": step, "kl_cumulative": kl_total,
                       "data_position": step * cfg.prompts_per_step,
                       "config": cfg.to_dict(),
                       **({"delta_schedule": schedule.state_dict()}
@@ -343,6 +390,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
         # 5. PPO epochs over shuffled minibatches -----------------------------------------
         model.train()
         per_update: list[dict[str, torch.Tensor]] = []
+        ratio_stats: list[torch.Tensor] = []  # update_stats of each update, in order
         clip_counts = torch.zeros(4, device=device)  # clipped / all, tail (p < 0.1) / rest
         for _epoch in range(cfg.ppo_epochs):
             last_epoch = len(per_update)  # index of this epoch's first update
@@ -357,6 +405,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
                                                     mask[mb], step_cfg, mb_band)
                 clip_counts += tail_clip_counts(logp_old[mb], logp, advantages[mb], mask[mb],
                                                 mb_band)
+                ratio_stats.append(update_stats(logp_old[mb], logp, mask[mb],
+                                                loss_metrics["clipfrac"]))
                 loss = pg_loss
                 if cfg.ent_coef > 0:
                     loss = loss - cfg.ent_coef * agg_loss(ent, mask[mb], loss_cfg.agg)
@@ -374,10 +424,11 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
                                    **{f"loss/{k}": v for k, v in loss_metrics.items()}})
         t_end = time.perf_counter()
 
-        # 6. an adaptive radius: the step's KL, the policy after all its updates against the
-        # one that sampled (one more forward pass, so only when a rule needs it)
-        kl_update = None
-        if schedule is not None and schedule.adaptive:
+        # 6. the policy after all the step's updates against the one that sampled (one
+        # more forward pass): the step's KL for an adaptive radius, and what the step did
+        # to the sampled tokens (the mechanism metrics)
+        kl_update = logp_new = None
+        if cfg.mechanism_metrics or (schedule is not None and schedule.adaptive):
             model.eval()
             with torch.no_grad(), autocast():
                 logp_new, _ = token_logprobs(model, ids, attn, width_p,
@@ -391,12 +442,30 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
         # 7. metrics (the one host sync of the update), NaN check, log, checkpoint --------
         keys = list(per_update[0])
         stacked = torch.stack([torch.stack([u[k].float() for k in keys]) for u in per_update])
-        means = dict(zip(keys, stacked.mean(dim=0).tolist(), strict=True))  # (updates, keys)
+        # the loss's diagnostics (ratios, clipped shares, KL estimates) over the off-policy
+        # updates only: the step's first update sees the weights that sampled (ratio 1)
+        off = stacked[1:] if len(per_update) > 1 else stacked  # (updates, keys)
+        summary = torch.stack([stacked.mean(0), off.mean(0), off.max(0).values,
+                               off.min(0).values]).tolist()
+        means = {}
+        for j, key in enumerate(keys):
+            name = key.removeprefix("loss/")
+            pick = 0 if name not in METRIC_KEYS else {"ratio_max": 2, "ratio_min": 3}.get(name, 1)
+            means[key] = summary[pick][j]
         means["kl/last_epoch"] = float(stacked[last_epoch:, keys.index("loss/approx_kl_k3")]
                                        .mean())
+        per_stat = torch.stack(ratio_stats).T.tolist()  # (stats, updates)
+        means |= {f"update/{name}": values
+                  for name, values in zip(UPDATE_STATS, per_stat, strict=True)}
         if kl_update is not None:
             means["kl/update"] = float(kl_update)
-            means["time/kl_update_s"] = t_kl
+            kl_total += means["kl/update"]
+            means["kl/cumulative"] = kl_total
+            means["time/after_update_s"] = t_kl
+        if logp_new is not None and cfg.mechanism_metrics:
+            means |= logp_change_by_bin(logp_old, logp_new, advantages, mask)
+            means["dlogp/tail_A+_per_prompt"] = tail_gain_per_prompt(logp_old, logp_new,
+                                                                     advantages, mask, G)
         if not all(math.isfinite(means[k]) for k in ("loss/total", "grad_norm")):
             bar.close()
             good = _saved_step(ckpt_path)
@@ -426,6 +495,10 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
                 row["delta/next"] = schedule.update(row["delta/measured_kl"])
         rows, cols = answer_start_columns(codec, task, [prompts[i // G] for i in range(len(
             batch.completions))], batch, rewards.tolist())
+        if task.solutions:  # which named solution each sample is, as shares of the batch
+            kinds = [task.solution(prompts[i // G], c) for i, c in enumerate(batch.completions)]
+            row |= {f"solution/{name}": kinds.count(name) / len(kinds)
+                    for name in task.solutions}
         if rows:  # old probability of the token where each rewarded answer starts
             p_start = logp_old[rows, cols].exp()
             row["answer/start_p"] = float(p_start.mean())
@@ -435,7 +508,10 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
             model.eval()
             row["accuracy"] = greedy_accuracy(model, codec, task, eval_prompts,
                                               cfg.max_new_tokens, device, autocast)
-            row["p_correct"] = _p_correct(model, codec, eval_prompts, cfg, device, autocast)
+            row |= _held_out_scores(model, codec, task, eval_prompts, cfg, device, autocast)
+            if cfg.eval_samples:
+                row |= _held_out_samples(model, codec, task, eval_prompts, cfg, step, device,
+                                         autocast)
         with metrics_path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         if (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0) \
