@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 ALL_EXTRAS := dev,rl,docs,verl,trl,llm
 
-.PHONY: demo test test-fast docs bench bench-rl bench-llm setup
+.PHONY: demo test test-fast docs bench bench-rl bench-llm bench-claims setup
 
 setup:
 	scripts/bootstrap.sh $(ALL_EXTRAS)
@@ -37,3 +37,8 @@ bench-rl: setup
 bench-llm: setup
 	PYTHONPATH=. $(PY) benchmarks/llm_bench.py passrates
 	PYTHONPATH=. $(PY) benchmarks/llm_bench.py runs
+
+## BandPO's three claims, tested: toy and SmolLM2-135M experiments, then
+## benchmarks/results/claims.md (hours on 2 cores; resumes where it stopped; run it alone)
+bench-claims: setup
+	PYTHONPATH=benchmarks $(PY) benchmarks/claims.py

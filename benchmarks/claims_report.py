@@ -1,0 +1,461 @@
+"""``claims.md`` and its plots from the result files of ``benchmarks/claims.py``.
+
+Every number of the report is computed here from the committed JSON files; nothing is
+typed in.  Paired differences are band minus the other loss, seed by seed (or prompt by
+prompt for the step-1 replay), with 95 % t-intervals (bootstrap percentiles for the
+replay).  A verdict reads an interval: *shown* when it excludes 0 on the side the claim
+predicts, *refuted* when it excludes 0 on the other side, *not shown* otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+TARGET = 0.8
+SLUG = {"T": "T", "S": "S"}
+#: step-1 reward each real-model design expects (issue 28: P(Yes) near 0.04 behind the
+#: skeptical prompt; the untrained model's sampled pass rate on `sum`, llm_passrates.md)
+ESTIMATES = {"T": 0.04, "S": 0.22}
+
+
+# --- statistics -----------------------------------------------------------------------------
+def t_interval(values) -> dict | None:
+    """Mean, 95 % t-interval and n of ``values`` (None entries dropped)."""
+    from scipy import stats
+
+    v = [x for x in values if x is not None and math.isfinite(x)]
+    if len(v) < 2:
+        return None if not v else {"mean": v[0], "lo": None, "hi": None, "n": 1, "sd": None}
+    mean, sd = statistics.fmean(v), statistics.stdev(v)
+    half = stats.t.ppf(0.975, len(v) - 1) * sd / math.sqrt(len(v))
+    return {"mean": mean, "lo": mean - half, "hi": mean + half, "n": len(v), "sd": sd}
+
+
+def detectable(ci: dict | None) -> float | None:
+    """Smallest true paired effect this many seeds detect with 80 % power (two-sided 5 %),
+    at the spread that was seen."""
+    from scipy import stats
+
+    if not ci or not ci.get("sd"):
+        return None
+    n = ci["n"]
+    return (stats.t.ppf(0.975, n - 1) + stats.t.ppf(0.8, n - 1)) * ci["sd"] / math.sqrt(n)
+
+
+def bootstrap(values, draws: int = 4000, seed: int = 0) -> dict | None:
+    v = np.array([x for x in values if x is not None], dtype=float)
+    if len(v) < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    means = v[rng.integers(len(v), size=(draws, len(v)))].mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return {"mean": float(v.mean()), "lo": float(lo), "hi": float(hi), "n": len(v)}
+
+
+def verdict(ci: dict | None, sign: int = 1) -> str:
+    if not ci or ci.get("lo") is None:
+        return "not decided (too few runs)"
+    if sign * ci["lo"] > 0 or sign * ci["hi"] < 0:
+        return "shown" if sign * ci["mean"] > 0 else "refuted"
+    return "not shown"
+
+
+def fmt(ci: dict | None, digits: int = 3) -> str:
+    if not ci:
+        return "n/a"
+    if ci.get("lo") is None:
+        return f"{ci['mean']:.{digits}f} (n = 1)"
+    return f"{ci['mean']:+.{digits}f} [{ci['lo']:+.{digits}f}, {ci['hi']:+.{digits}f}] " \
+           f"(n = {ci['n']})"
+
+
+def num(x, spec: str = ".3f") -> str:
+    """``x`` formatted, or "n/a" for a missing value."""
+    return "n/a" if x is None else format(x, spec)
+
+
+# --- reading runs ---------------------------------------------------------------------------
+def series(run: dict, key: str) -> list:
+    return [r.get(key) for r in run["rows"]]
+
+
+def last(run: dict, key: str):
+    values = [v for v in series(run, key) if v is not None]
+    return values[-1] if values else None
+
+
+def mean_of(values):
+    v = [x for x in values if x is not None]
+    return statistics.fmean(v) if v else None
+
+
+def steps_to(run: dict, target: float = TARGET) -> int:
+    """First step whose held-out accuracy reaches ``target``; never counts as steps + 1."""
+    for r in run["rows"]:
+        if r.get("accuracy") is not None and r["accuracy"] >= target:
+            return r["step"]
+    return run["config"]["steps"] + 1
+
+
+def paired(runs: list[dict], a: str, b: str, value) -> list:
+    """``value(run of a) - value(run of b)`` for each seed both have (same width key)."""
+    by = {(r["family"], r["width"], r["seed"]): r for r in runs}
+    out = []
+    for (family, width, seed), run in sorted(by.items(), key=lambda kv: str(kv[0])):
+        other = by.get((b, width, seed))
+        if family == a and other is not None:
+            x, y = value(run), value(other)
+            out.append(None if x is None or y is None else x - y)
+    return out
+
+
+def offpolicy_outside(run: dict) -> float | None:
+    """Mean share of off-policy tokens (updates 2, 3, ... of a step) outside [0.8, 1.2]."""
+    values = [v for r in run["rows"] for v in (r.get("update/outside") or [])[1:]]
+    return mean_of(values)
+
+
+# --- the experiments ------------------------------------------------------------------------
+def pilot_section(name: str, runs: list[dict]) -> list[str]:
+    lr = sorted({f"{r['config']['lr']:g}" for r in runs})
+    lines = [f"## {name.capitalize()}: 2 steps per real-model configuration "
+             f"(learning rate {', '.join(lr)})", "",
+             "Go when 5-40 % of the off-policy tokens leave [0.8, 1.2], the step-1 reward is "
+             "within two binomial standard errors of its estimate, and the step time fits the "
+             "budget.", "",
+             "| run | off-policy tokens outside [0.8, 1.2] | step-1 reward (estimate) | "
+             "s / step (without evaluation) | go |", "|---|---|---|---|---|"]
+    for run in sorted(runs, key=lambda r: r["name"]):
+        exp = run["name"].split("-")[0]
+        outside = offpolicy_outside(run)
+        reward = run["rows"][0]["reward"] if run["rows"] else None
+        est = ESTIMATES.get(exp)
+        n = run["config"]["prompts_per_step"] * run["config"]["group_size"]
+        ok_reward = est is not None and reward is not None and \
+            abs(reward - est) <= 2 * math.sqrt(est * (1 - est) / n) + 1 / n
+        ok_outside = outside is not None and 0.05 <= outside <= 0.40
+        per_step = mean_of(sum(r.get(k) or 0.0 for k in ("time/rollout_s", "time/update_s",
+                                                           "time/after_update_s"))
+                           for r in run["rows"]) or 0.0
+        lines.append(f"| {run['name']} | {outside:.3f} | {reward:.3f} ({est}) | "
+                     f"{per_step:.1f} | {'yes' if ok_reward and ok_outside else 'no'} |"
+                     if outside is not None and reward is not None else
+                     f"| {run['name']} | n/a | n/a | {per_step:.1f} | no |")
+    return lines
+
+
+def real_section(exp: str, runs: list[dict], plots: Path, out: dict) -> list[str]:
+    families = sorted({r["family"] for r in runs})
+    key = "logp_correct" if exp == "T" else "reward"
+    lines = [f"## Experiment {exp}", ""]
+    if exp == "T":
+        lines += ["SmolLM2-135M, `verify` with every statement true and a skeptical system "
+                  "prompt, so the rewarded first word \"Yes\" starts as a tail token. Endpoint: "
+                  "held-out log P(Yes) (teacher-forced, first word) at the last step and its "
+                  "mean over steps (area under the curve / steps).", ""]
+    else:
+        lines += ["SmolLM2-135M, `sum` free-form. Endpoints: mean sampled reward over the "
+                  "steps (area under the reward curve / steps), final held-out pass@1 and "
+                  "pass@8 (8 samples per held-out prompt), held-out first-position entropy.",
+                  ""]
+    lines += ["| loss | runs | " + ("final log P(Yes) | mean log P(Yes) | " if exp == "T"
+                                     else "mean reward | final pass@1 | final pass@8 | ")
+              + "final first-token entropy | cumulative KL | off-policy outside [0.8, 1.2] |",
+              "|---|---|---|---|---|---|---|" + ("" if exp == "T" else "---|")]
+    for f in families:
+        mine = [r for r in runs if r["family"] == f]
+        cells = ([mean_of(last(r, "logp_correct") for r in mine),
+                  mean_of(mean_of(series(r, "logp_correct")) for r in mine)] if exp == "T" else
+                 [mean_of(mean_of(series(r, "reward")) for r in mine),
+                  mean_of(last(r, "eval/pass@1") for r in mine),
+                  mean_of(last(r, "eval/pass@8") for r in mine)])
+        cells += [mean_of(last(r, "entropy/first") for r in mine),
+                  mean_of(last(r, "kl/cumulative") for r in mine),
+                  mean_of(offpolicy_outside(r) for r in mine)]
+        lines.append(f"| {f} | {len(mine)} | " + " | ".join(num(c, ".4f") for c in cells) + " |")
+    lines += ["", "Paired differences, band-kl minus the other loss, seed by seed "
+              "(95 % t-interval):", "",
+              "| endpoint | vs | difference | smallest detectable effect | verdict |",
+              "|---|---|---|---|---|"]
+    endpoints = ([("final log P(Yes)", lambda r: last(r, "logp_correct"), 1),
+                  ("mean log P(Yes)", lambda r: mean_of(series(r, "logp_correct")), 1)]
+                 if exp == "T" else
+                 [("mean reward", lambda r: mean_of(series(r, "reward")), 1),
+                  ("final pass@1", lambda r: last(r, "eval/pass@1"), 1),
+                  ("final pass@8", lambda r: last(r, "eval/pass@8"), 1),
+                  ("final first-token entropy", lambda r: last(r, "entropy/first"), 1)])
+    for name, value, sign in endpoints:
+        for other in (f for f in families if f != "band-kl"):
+            ci = t_interval(paired(runs, "band-kl", other, value))
+            out[f"{exp}: {name} vs {other}"] = (ci, verdict(ci, sign))
+            mde = detectable(ci)
+            lines.append(f"| {name} | {other} | {fmt(ci)} | "
+                         f"{'n/a' if mde is None else f'{mde:.3f}'} | {verdict(ci, sign)} |")
+    if exp == "T":
+        replay = []
+        by = {(r["family"], r["seed"]): r for r in runs}
+        for (family, seed), run in by.items():
+            clip = by.get(("clip", seed))
+            if family == "band-kl" and clip and run["rows"] and clip["rows"]:
+                a = run["rows"][0].get("dlogp/tail_A+_per_prompt") or []
+                b = clip["rows"][0].get("dlogp/tail_A+_per_prompt") or []
+                replay += [x - y for x, y in zip(a, b, strict=False)
+                           if x is not None and y is not None]
+        ci = bootstrap(replay)
+        out["T: step-1 replay, tail log-p gain vs clip"] = (ci, verdict(ci))
+        lines += ["", "Step 1 replayed exactly (same rollout and weights for every loss): the "
+                  "log-p gain of tail tokens (p < 0.1) with A > 0, band-kl minus clip, per "
+                  f"prompt (bootstrap 95 %): {fmt(ci, 4)}; {verdict(ci)}."]
+    lines += ["", _mechanism_table(runs), "", f"![{exp}](../claims_{exp}.png)"]
+    _plot_real(exp, runs, key, plots / f"claims_{exp}.png")
+    return lines
+
+
+def _mechanism_table(runs: list[dict]) -> str:
+    """Mean change of log p over a step, by old probability and sign of A, per loss."""
+    from fbands.rl.diagnostics import P_OLD_BINS
+
+    head = "| loss | " + " | ".join(f"A>0 {b}" for b in P_OLD_BINS) + " | " + \
+        " | ".join(f"A<0 {b}" for b in P_OLD_BINS) + " |"
+    lines = ["Change of log p of the sampled tokens over a step (mean over steps and seeds; "
+             "tokens per step in brackets):", "", head,
+             "|---|" + "---|" * (2 * len(P_OLD_BINS))]
+    for f in sorted({r["family"] for r in runs}):
+        mine = [r for r in runs if r["family"] == f]
+        cells = []
+        for side in ("A+", "A-"):
+            for b in P_OLD_BINS:
+                d = mean_of(v for r in mine for v in series(r, f"dlogp/{side}/{b}"))
+                n = mean_of(v for r in mine for v in series(r, f"tokens/{side}/{b}"))
+                cells.append("n/a" if d is None else f"{d:+.4f} ({n:.0f})")
+        lines.append(f"| {f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _plot_real(exp: str, runs: list[dict], key: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"clip": "tab:blue", "band-kl": "tab:red", "clip-wide": "tab:green",
+              "clip-higher": "tab:purple"}
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+    label = "held-out log P(Yes)" if exp == "T" else "sampled reward"
+    for run in runs:
+        c = colors.get(run["family"], "k")
+        steps = series(run, "step")
+        axes[0].plot(steps, series(run, key), color=c, alpha=0.7, lw=1.2)
+        axes[1].plot(series(run, "kl/cumulative"), series(run, key), color=c, alpha=0.7,
+                     lw=1.2)
+        if exp == "T":
+            q = [(r.get("update/ratio_q05") or [None] * 4) for r in run["rows"]]
+            hi = [(r.get("update/ratio_q95") or [None] * 4) for r in run["rows"]]
+            for k in range(1, len(q[0]) if q else 0):
+                axes[2].scatter([k + 1] * len(q), [row[k] for row in q], color=c, s=6)
+                axes[2].scatter([k + 1] * len(hi), [row[k] for row in hi], color=c, s=6,
+                                marker="^")
+        else:
+            pts = [(r.get("reward"), r.get("entropy/first")) for r in run["rows"]
+                   if r.get("entropy/first") is not None]
+            axes[2].plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=c, ms=3)
+    for f, c in colors.items():
+        if any(r["family"] == f for r in runs):
+            axes[0].plot([], [], color=c, label=f)
+    axes[0].legend(fontsize=8)
+    axes[0].set(xlabel="RL step", ylabel=label, title=f"{exp}: {label} by step")
+    axes[1].set(xlabel="cumulative KL(old || new)", ylabel=label, title="against KL")
+    if exp == "T":
+        axes[2].set(xlabel="update within the step", ylabel="ratio (5 %, 95 % quantiles)",
+                    title="off-policy ratios by minibatch")
+    else:
+        axes[2].set(xlabel="sampled reward (evaluation steps)",
+                    ylabel="first-token entropy (held out)", title="entropy against reward")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def width_section(runs: list[dict], plots: Path, out: dict) -> list[str]:
+    """Steps to 0.8 against KL, clip family against band family, paired by seed."""
+    def kl(run):
+        return mean_of(series(run, "kl/update"))
+
+    fam = {}
+    for r in runs:
+        fam.setdefault((r["family"], r["width"]), []).append(r)
+    lines = ["## Width control (built-in model, `tail`)", "",
+             "Each loss at five widths, paired seeds. For each band radius, the clip family's "
+             "steps to 0.8 are interpolated (linearly in log KL, seed by seed) at the band's "
+             "mean per-step KL; a negative difference means the band learns faster than a clip "
+             "of the same KL.", "",
+             "| loss | width | reached 0.8 | steps to 0.8 (never = 31) | per-step KL | final "
+             "first-token entropy |", "|---|---|---|---|---|---|"]
+    for (f, w), mine in sorted(fam.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        steps = [steps_to(r) for r in mine]
+        reached = sum(s <= r["config"]["steps"] for s, r in zip(steps, mine, strict=True))
+        entropy = mean_of(last(r, "entropy/first") for r in mine)
+        lines.append(f"| {f} | {w:g} | {reached}/{len(mine)} | {statistics.fmean(steps):.1f} | "
+                     f"{num(mean_of(kl(r) for r in mine), '.4f')} | {num(entropy)} |")
+    clip_widths = sorted({w for f, w in fam if f == "clip"})
+    clip_kl = [mean_of(kl(r) for r in fam[("clip", w)]) for w in clip_widths]
+    order = np.argsort(clip_kl)
+    lines += ["", "| band delta | band KL | inside the clip family's KL range | steps, band minus "
+              "clip at equal KL | verdict |", "|---|---|---|---|---|"]
+    best = None
+    for d in sorted({w for f, w in fam if f == "band-kl"}):
+        band_kl = mean_of(kl(r) for r in fam[("band-kl", d)])
+        inside = min(clip_kl) <= band_kl <= max(clip_kl)
+        diffs = []
+        for r in fam[("band-kl", d)]:
+            by_seed = [next((x for x in fam[("clip", w)] if x["seed"] == r["seed"]), None)
+                       for w in clip_widths]
+            if any(x is None for x in by_seed):
+                continue
+            ys = [steps_to(by_seed[i]) for i in order]
+            xs = [math.log(clip_kl[i]) for i in order]
+            diffs.append(steps_to(r) - float(np.interp(math.log(band_kl), xs, ys)))
+        ci = t_interval(diffs)
+        v = verdict(ci, -1) if inside else "outside the range (extrapolated)"
+        lines.append(f"| {d:g} | {band_kl:.4f} | {'yes' if inside else 'no'} | {fmt(ci, 2)} | "
+                     f"{v} |")
+        if inside and (best is None or (ci and ci["mean"] < best[0]["mean"])):
+            best = (ci, verdict(ci, -1), d)
+    if best:
+        out[f"width: band-kl {best[2]:g} vs the clip family at equal KL (steps)"] = best[:2]
+    _plot_width(fam, kl, plots / "claims_width.png")
+    lines += ["", "![width](../claims_width.png)"]
+    return lines
+
+
+def _plot_width(fam, kl, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for f, c in (("clip", "tab:blue"), ("band-kl", "tab:red")):
+        pts = sorted((mean_of(kl(r) for r in mine), statistics.fmean(steps_to(r) for r in mine),
+                      statistics.stdev(steps_to(r) for r in mine) / math.sqrt(len(mine))
+                      if len(mine) > 1 else 0.0, w)
+                     for (g, w), mine in fam.items() if g == f)
+        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts],
+                    color=c, marker="o", label=f, capsize=3)
+        for x, y, _, w in pts:
+            ax.annotate(f"{w:g}", (x, y), textcoords="offset points", xytext=(4, 4),
+                        fontsize=7, color=c)
+    ax.set_xscale("log")
+    ax.set(xlabel="mean per-step KL(old || new)", ylabel="steps to 0.8 held-out accuracy",
+           title="tail task: speed against trust-region size")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def toy_pair_section(name: str, runs: list[dict], out: dict) -> list[str]:
+    """dose, two, addition: band-kl 0.05 against clip 0.2, paired by seed."""
+    lines = []
+    if name == "dose":
+        lines += ["## Dose-response over the tail share (built-in model, `tail`)", "",
+                  "The rewarded answer's share of the warm-start data sets how rare its first "
+                  "token is. band-kl (0.05) minus clip (0.2), paired by seed:", "",
+                  "| tail share | steps to 0.8, band minus clip | final P(correct), band minus "
+                  "clip | verdict (steps) |", "|---|---|---|---|"]
+        for share in sorted({r["width"] for r in runs}):
+            mine = [r for r in runs if r["width"] == share]
+            ci = t_interval(paired(mine, "band-kl", "clip", steps_to))
+            cp = t_interval(paired(mine, "band-kl", "clip", lambda r: last(r, "p_correct")))
+            out[f"dose: steps to 0.8 at tail share {share:g}"] = (ci, verdict(ci, -1))
+            lines.append(f"| {share:g} | {fmt(ci, 2)} | {fmt(cp)} | {verdict(ci, -1)} |")
+    elif name == "two":
+        def rare_share(run):
+            tail = run["rows"][-5:]
+            rev = mean_of(r.get("solution/reverse") for r in tail)
+            rot = mean_of(r.get("solution/rotate") for r in tail)
+            return None if rev is None or rot is None or rev + rot == 0 else rev / (rev + rot)
+
+        def reward(run):
+            return mean_of(r.get("reward") for r in run["rows"][-5:])
+
+        ci = t_interval(paired(runs, "band-kl", "clip", rare_share))
+        cr = t_interval(paired(runs, "band-kl", "clip", reward))
+        out["two: rare solution's share of the rewarded answers"] = (ci, verdict(ci))
+        lines += ["## Two rewarded solutions (built-in model, `tail`)", "",
+                  "The reversal (rare in the warm start) and the rotation (commoner) both earn "
+                  "reward 1. Over the last 5 steps: the reversal's share of the rewarded "
+                  "samples, and the sampled reward; band-kl (0.05) minus clip (0.2), paired:",
+                  "", f"* rare solution's share: {fmt(ci)}; {verdict(ci)}",
+                  f"* sampled reward: {fmt(cr)}"]
+        for f in sorted({r["family"] for r in runs}):
+            mine = [r for r in runs if r["family"] == f]
+            lines.append(f"* {f}: rare share {num(mean_of(rare_share(r) for r in mine))}, "
+                         f"reward {num(mean_of(reward(r) for r in mine))}")
+    else:
+        def acc(run):
+            return mean_of(r.get("accuracy") for r in run["rows"][-5:])
+
+        ci = t_interval(paired(runs, "band-kl", "clip", acc))
+        out["addition (negative control): accuracy, last 5 steps"] = (ci, verdict(ci))
+        lines += ["## Negative control: `addition` (built-in model, no tail)", "",
+                  "No rare rewarded token: a difference here would come from the loss's width "
+                  "alone. Held-out greedy accuracy over the last 5 steps, band-kl minus clip: "
+                  f"{fmt(ci)}; {verdict(ci)} (expected: not shown)."]
+    return lines
+
+
+CLAIMS = (("(1) higher accuracy than PPO clip",
+           ("S: final pass@1 vs clip", "S: mean reward vs clip",
+            "width: band-kl")),
+          ("(2) no entropy collapse", ("S: final first-token entropy vs clip",)),
+          ("(3) rewarded tail tokens learn faster",
+           ("T: final log P(Yes) vs clip", "T: step-1 replay", "T: final log P(Yes) vs "
+            "clip-wide", "width: band-kl", "dose:", "two:")))
+
+
+def write_report(results: dict[str, list[dict]], out_dir: Path, machine: str) -> Path:
+    """Write ``claims.md`` (and the PNGs beside it) from the result files; return its path."""
+    verdicts: dict[str, tuple] = {}
+    body: list[str] = []
+    for name in sorted(n for n in results if n.startswith("pilot")):
+        body += pilot_section(name, results[name]) + [""]
+    # the adjusted design's pilot is the first 2 steps of its seed-0 runs
+    adjusted = [dict(r, name=f"{exp}-{r['name']}", rows=r["rows"][:2])
+                for exp in ("T", "S") for r in results.get(exp, []) if r["seed"] == 0]
+    if adjusted:
+        body += pilot_section("pilot of the adjusted design (steps 1-2 of the seed-0 runs)",
+                              adjusted) + [""]
+    for exp in ("T", "S", "S-gpu"):
+        if exp in results:
+            body += real_section(exp, results[exp], out_dir, verdicts) + [""]
+    if "width" in results:
+        body += width_section(results["width"], out_dir, verdicts) + [""]
+    for name in ("dose", "two", "addition"):
+        if name in results:
+            body += toy_pair_section(name, results[name], verdicts) + [""]
+    summary = ["| claim | test | band minus other (95 %) | verdict |", "|---|---|---|---|"]
+    for claim, prefixes in CLAIMS:
+        for key, (ci, v) in verdicts.items():
+            if any(key.startswith(p) for p in prefixes):
+                summary.append(f"| {claim} | {key} | {fmt(ci)} | {v} |")
+    counts = {e: len(r) for e, r in results.items()}
+    text = ["# BandPO's claims, tested (generated by `benchmarks/claims.py`)", "",
+            f"Runs per experiment: {counts}; {machine}. Regenerate with `make bench-claims` "
+            "(runs only what is missing, then this report).", "",
+            "## Verdicts", "",
+            "A verdict reads a 95 % interval of a paired difference: *shown* when it excludes "
+            "0 on the side the claim predicts, *refuted* when it excludes 0 on the other side, "
+            "*not shown* otherwise (which at 3 seeds often means the design is too small; the "
+            "smallest detectable effect is given where it applies).", "", *summary, "",
+            *body]
+    path = out_dir / "claims.md"
+    path.write_text("\n".join(text).rstrip() + "\n")
+    return path
