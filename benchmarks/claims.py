@@ -146,18 +146,28 @@ def _kept(row: dict) -> dict:
 
 
 def run_one(experiment: str, spec: dict, results: Path, work: Path) -> dict:
-    """Train one run in this process (1 torch thread) and write its result file."""
+    """Train one run in this process (1 torch thread) and write its result file.
+
+    A real-model run saves a checkpoint every step, so a run stopped half-way (the command
+    killed) resumes from its last step; the checkpoint is deleted once the result is kept.
+    """
     from fbands.rl.compare import load_run
-    from fbands.rl.config import TrainConfig
-    from fbands.rl.train import train
+    from fbands.rl.config import ConfigError, TrainConfig
+    from fbands.rl.train import CHECKPOINT, train
 
     run_dir = work / experiment / spec["name"]
-    for name in ("metrics.jsonl", "checkpoint.pt", "config.json"):
-        (run_dir / name).unlink(missing_ok=True)
+    real = spec["config"].get("model", "tiny") != "tiny"
     cfg = TrainConfig(**spec["config"], run_dir=str(run_dir), threads=1, progress=False,
-                      checkpoint_every=0)
+                      checkpoint_every=1 if real else 0)
     t0 = time.perf_counter()
-    train(cfg, log=lambda _m: None)
+    try:
+        if not (run_dir / CHECKPOINT).is_file():
+            raise ConfigError("nothing to resume")
+        train(cfg, resume=True, log=lambda _m: None)
+    except ConfigError:  # no usable checkpoint, or another configuration: start afresh
+        for name in ("metrics.jsonl", CHECKPOINT, "config.json"):
+            (run_dir / name).unlink(missing_ok=True)
+        train(cfg, log=lambda _m: None)
     seconds = time.perf_counter() - t0
     _, rows = load_run(run_dir)
     out = {k: spec[k] for k in ("name", "family", "width", "seed")} | {
@@ -168,6 +178,7 @@ def run_one(experiment: str, spec: dict, results: Path, work: Path) -> dict:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(out, separators=(",", ":")) + "\n")
     os.replace(tmp, path)
+    (run_dir / CHECKPOINT).unlink(missing_ok=True)  # up to 1.6 GB for the real model
     return out
 
 

@@ -40,6 +40,28 @@ def test_the_plan_pairs_every_loss_on_the_same_seeds():
             TrainConfig(**r["config"], run_dir="runs/x").validate()
 
 
+def test_a_stopped_run_resumes_and_its_result_is_kept(tmp_path):
+    """run_one continues a run from its checkpoint (a killed command) and then drops it."""
+    from fbands.rl.config import TrainConfig
+    from fbands.rl.train import train
+
+    config = dict(model="tiny", task="tail", steps=3, prompts_per_step=4, group_size=4,
+                  ppo_epochs=1, minibatches=2, warm_start_steps=20, tiny_d_model=32,
+                  eval_prompts=4, cache_dir=str(tmp_path / "cache"), loss="band-kl", seed=0)
+    spec = {"name": "band-kl-s0", "family": "band-kl", "width": None, "seed": 0,
+            "config": config}
+    run_dir = tmp_path / "work" / "toy" / "band-kl-s0"
+    train(TrainConfig(**config, run_dir=str(run_dir), progress=False, checkpoint_every=1),
+          stop_after=2, log=lambda _m: None)
+    out = claims.run_one("toy", spec, tmp_path / "results", tmp_path / "work")
+    assert [r["step"] for r in out["rows"]] == [1, 2, 3]
+    assert (tmp_path / "results" / "toy" / "band-kl-s0.json").is_file()
+    assert not (run_dir / "checkpoint.pt").exists()
+    fresh = claims.run_one("toy", dict(spec, name="again"), tmp_path / "results",
+                           tmp_path / "work")
+    assert [r["reward"] for r in fresh["rows"]] == [r["reward"] for r in out["rows"]]
+
+
 def test_t_interval_against_the_t_table():
     ci = report.t_interval([1.0, 2.0, 3.0, None])
     p = 0.975  # Student t with 2 degrees of freedom has the quantile (2p - 1) / sqrt(2p(1-p))
