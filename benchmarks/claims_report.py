@@ -29,10 +29,12 @@ def t_interval(values) -> dict | None:
 
     v = [x for x in values if x is not None and math.isfinite(x)]
     if len(v) < 2:
-        return None if not v else {"mean": v[0], "lo": None, "hi": None, "n": 1, "sd": None}
+        return None if not v else {"mean": v[0], "lo": None, "hi": None, "n": 1, "sd": None,
+                                   "values": v}
     mean, sd = statistics.fmean(v), statistics.stdev(v)
     half = stats.t.ppf(0.975, len(v) - 1) * sd / math.sqrt(len(v))
-    return {"mean": mean, "lo": mean - half, "hi": mean + half, "n": len(v), "sd": sd}
+    return {"mean": mean, "lo": mean - half, "hi": mean + half, "n": len(v), "sd": sd,
+            "values": v}
 
 
 def detectable(ci: dict | None) -> float | None:
@@ -53,7 +55,8 @@ def bootstrap(values, draws: int = 4000, seed: int = 0) -> dict | None:
     rng = np.random.default_rng(seed)
     means = v[rng.integers(len(v), size=(draws, len(v)))].mean(axis=1)
     lo, hi = np.percentile(means, [2.5, 97.5])
-    return {"mean": float(v.mean()), "lo": float(lo), "hi": float(hi), "n": len(v)}
+    return {"mean": float(v.mean()), "lo": float(lo), "hi": float(hi), "n": len(v),
+            "values": v.tolist()}
 
 
 def verdict(ci: dict | None, sign: int = 1) -> str:
@@ -121,7 +124,7 @@ def offpolicy_outside(run: dict) -> float | None:
 
 # --- the experiments ------------------------------------------------------------------------
 def pilot_section(name: str, runs: list[dict]) -> list[str]:
-    lr = sorted({f"{r['config']['lr']:g}" for r in runs})
+    lr = sorted({f"{r['config']['lr']:g}" for r in runs if "lr" in r["config"]})
     lines = [f"## {name.capitalize()}: 2 steps per real-model configuration "
              f"(learning rate {', '.join(lr)})", "",
              "Go when 5-40 % of the off-policy tokens leave [0.8, 1.2], the step-1 reward is "
@@ -162,14 +165,17 @@ def real_section(exp: str, runs: list[dict], plots: Path, out: dict) -> list[str
                   "steps (area under the reward curve / steps), final held-out pass@1 and "
                   "pass@8 (8 samples per held-out prompt), held-out first-position entropy.",
                   ""]
-    lines += ["| loss | runs | " + ("final log P(Yes) | mean log P(Yes) | " if exp == "T"
+    lines += ["| loss | runs | " + ("final log P(Yes) | mean log P(Yes) | mean reward | "
+                                     "final greedy accuracy | " if exp == "T"
                                      else "mean reward | final pass@1 | final pass@8 | ")
               + "final first-token entropy | cumulative KL | off-policy outside [0.8, 1.2] |",
-              "|---|---|---|---|---|---|---|" + ("" if exp == "T" else "---|")]
+              "|---|---|---|---|---|---|---|" + ("---|---|" if exp == "T" else "---|")]
     for f in families:
         mine = [r for r in runs if r["family"] == f]
         cells = ([mean_of(last(r, "logp_correct") for r in mine),
-                  mean_of(mean_of(series(r, "logp_correct")) for r in mine)] if exp == "T" else
+                  mean_of(mean_of(series(r, "logp_correct")) for r in mine),
+                  mean_of(mean_of(series(r, "reward")) for r in mine),
+                  mean_of(last(r, "accuracy") for r in mine)] if exp == "T" else
                  [mean_of(mean_of(series(r, "reward")) for r in mine),
                   mean_of(last(r, "eval/pass@1") for r in mine),
                   mean_of(last(r, "eval/pass@8") for r in mine)])
@@ -182,7 +188,8 @@ def real_section(exp: str, runs: list[dict], plots: Path, out: dict) -> list[str
               "| endpoint | vs | difference | smallest detectable effect | verdict |",
               "|---|---|---|---|---|"]
     endpoints = ([("final log P(Yes)", lambda r: last(r, "logp_correct"), 1),
-                  ("mean log P(Yes)", lambda r: mean_of(series(r, "logp_correct")), 1)]
+                  ("mean log P(Yes)", lambda r: mean_of(series(r, "logp_correct")), 1),
+                  ("mean reward", lambda r: mean_of(series(r, "reward")), 1)]
                  if exp == "T" else
                  [("mean reward", lambda r: mean_of(series(r, "reward")), 1),
                   ("final pass@1", lambda r: last(r, "eval/pass@1"), 1),
@@ -210,7 +217,7 @@ def real_section(exp: str, runs: list[dict], plots: Path, out: dict) -> list[str
         lines += ["", "Step 1 replayed exactly (same rollout and weights for every loss): the "
                   "log-p gain of tail tokens (p < 0.1) with A > 0, band-kl minus clip, per "
                   f"prompt (bootstrap 95 %): {fmt(ci, 4)}; {verdict(ci)}."]
-    lines += ["", _mechanism_table(runs), "", f"![{exp}](../claims_{exp}.png)"]
+    lines += ["", _mechanism_table(runs), "", f"![{exp}](claims_{exp}.png)"]
     _plot_real(exp, runs, key, plots / f"claims_{exp}.png")
     return lines
 
@@ -234,6 +241,62 @@ def _mechanism_table(runs: list[dict]) -> str:
                 cells.append("n/a" if d is None else f"{d:+.4f} ({n:.0f})")
         lines.append(f"| {f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def plot_mechanism(groups: dict[str, list[dict]], path: Path) -> None:
+    """Bars of the mean change of log p by old-probability bin and sign of A, per loss."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fbands.rl.diagnostics import P_OLD_BINS
+
+    fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 3.8), squeeze=False)
+    for ax, (title, runs) in zip(axes[0], groups.items(), strict=True):
+        families = sorted({r["family"] for r in runs})
+        slots = [(side, b) for side in ("A+", "A-") for b in P_OLD_BINS]
+        width = 0.8 / max(len(families), 1)
+        for k, f in enumerate(families):
+            mine = [r for r in runs if r["family"] == f]
+            heights = [mean_of(v for r in mine for v in series(r, f"dlogp/{side}/{b}")) or 0.0
+                       for side, b in slots]
+            ax.bar(np.arange(len(slots)) + k * width, heights, width, label=f)
+        ax.set_xticks(np.arange(len(slots)) + 0.4 - width / 2,
+                      [f"{side}\n{b}" for side, b in slots], fontsize=7)
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set(title=title, ylabel="mean change of log p over a step")
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_paired(verdicts: dict[str, tuple], path: Path) -> None:
+    """Every verdict's paired differences (one dot per seed or prompt) and its interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    items = [(k, ci) for k, (ci, _) in verdicts.items() if ci and ci.get("values")]
+    if not items:
+        return
+    fig, axes = plt.subplots(len(items), 1, figsize=(8, 0.9 * len(items) + 0.6),
+                             squeeze=False)
+    for ax, (name, ci) in zip(axes[:, 0], items, strict=True):
+        ax.scatter(ci["values"], np.zeros(len(ci["values"])), s=14, alpha=0.7)
+        if ci.get("lo") is not None:
+            ax.plot([ci["lo"], ci["hi"]], [0.25, 0.25], color="tab:red", lw=2)
+        ax.scatter([ci["mean"]], [0.25], color="tab:red", s=20)
+        ax.axvline(0, color="k", lw=0.6)
+        ax.set_yticks([])
+        ax.set_ylim(-0.5, 0.7)
+        ax.set_title(name, fontsize=8, loc="left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def _plot_real(exp: str, runs: list[dict], key: str, path: Path) -> None:
@@ -330,7 +393,7 @@ def width_section(runs: list[dict], plots: Path, out: dict) -> list[str]:
     if best:
         out[f"width: band-kl {best[2]:g} vs the clip family at equal KL (steps)"] = best[:2]
     _plot_width(fam, kl, plots / "claims_width.png")
-    lines += ["", "![width](../claims_width.png)"]
+    lines += ["", "![width](claims_width.png)"]
     return lines
 
 
@@ -441,6 +504,18 @@ def write_report(results: dict[str, list[dict]], out_dir: Path, machine: str) ->
     for name in ("dose", "two", "addition"):
         if name in results:
             body += toy_pair_section(name, results[name], verdicts) + [""]
+    groups = {f"{exp} (SmolLM2-135M)": results[exp] for exp in ("T", "S") if exp in results}
+    if "width" in results:
+        groups["width control, clip 0.2 and band-kl 0.05"] = [
+            r for r in results["width"] if (r["family"], r["width"]) in (("clip", 0.2),
+                                                                      ("band-kl", 0.05))]
+    if groups:
+        plot_mechanism(groups, out_dir / "claims_mechanism.png")
+        body += ["## Where the probability moved", "",
+                 "The mean change of log p of the sampled tokens over a step, by old "
+                 "probability and sign of the advantage (tables above).", "",
+                 "![mechanism](claims_mechanism.png)", ""]
+    plot_paired(verdicts, out_dir / "claims_paired.png")
     summary = ["| claim | test | band minus other (95 %) | verdict |", "|---|---|---|---|"]
     for claim, prefixes in CLAIMS:
         for key, (ci, v) in verdicts.items():
@@ -455,7 +530,8 @@ def write_report(results: dict[str, list[dict]], out_dir: Path, machine: str) ->
             "0 on the side the claim predicts, *refuted* when it excludes 0 on the other side, "
             "*not shown* otherwise (which at 3 seeds often means the design is too small; the "
             "smallest detectable effect is given where it applies).", "", *summary, "",
-            *body]
+            "Per seed (or, for the step-1 replay, per prompt), the differences behind each "
+            "verdict:", "", "![paired differences](claims_paired.png)", "", *body]
     path = out_dir / "claims.md"
     path.write_text("\n".join(text).rstrip() + "\n")
     return path

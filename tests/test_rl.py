@@ -282,6 +282,23 @@ def test_held_out_scores_read_the_rewarded_text(tmp_path):
     assert got["logp_correct"] == pytest.approx(np.mean(logps), abs=1e-5)
     assert got["p_correct"] == pytest.approx(np.mean(np.exp(logps)), abs=1e-6)
     assert got["entropy/first"] == pytest.approx(np.mean(entropies), abs=1e-5)
+    # two spellings of the rewarded text: their probabilities add up
+    class Spelt(Shown):
+        def rewarded_texts(self, prompt):
+            return (prompt.text[:2], prompt.text[1:3])
+
+    both = rl_train._held_out_scores(model, codec, Spelt(), prompts, cfg, "cpu",
+                                     rl_train.contextlib.nullcontext)
+    other = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = codec.prompt_ids(p.text)
+            text = codec.tokenizer(p.text[1:3], add_special_tokens=False)["input_ids"]
+            logsm = torch.log_softmax(model(torch.tensor([ids + text])).logits[0].double() / 0.7,
+                                      -1)
+            other.append(sum(float(logsm[len(ids) - 1 + k, t]) for k, t in enumerate(text)))
+    assert both["logp_correct"] == pytest.approx(np.mean(np.logaddexp(logps, other)), abs=1e-5)
+    assert both["entropy/first"] == pytest.approx(got["entropy/first"], abs=1e-6)
     # an exact-match task also scores the end token after its answer
     exact = rl_train._held_out_scores(model, codec, task, prompts, cfg, "cpu",
                                       rl_train.contextlib.nullcontext)

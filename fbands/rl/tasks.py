@@ -116,6 +116,16 @@ class Task:
         """
         return prompt.answer
 
+    def rewarded_texts(self, prompt: Prompt) -> tuple[str, ...]:
+        """Spellings of :meth:`rewarded_text` that earn the same reward; no two begin with
+        the same token, so their probabilities add up (P(correct) is that sum).
+
+        Just :meth:`rewarded_text` by default.  A policy can move its probability from one
+        spelling to another (``Yes`` to ``yes``) without changing its reward; a measure of
+        one spelling alone would then read as forgetting.
+        """
+        return (self.rewarded_text(prompt),)
+
     #: the names :meth:`solution` can return (the trainer logs each one's share)
     solutions: tuple[str, ...] = ()
 
@@ -519,6 +529,17 @@ class VerifyTask(ChatTask):
 
     def rewarded_text(self, prompt):
         return "Yes" if prompt.answer == "1" else "No"
+
+    def rewarded_texts(self, prompt):
+        """``Yes``, ``yes``, ``YES`` (or the same of ``No``): the grading ignores case.
+
+        Example
+        -------
+        >>> VerifyTask().rewarded_texts(Prompt("Is it true that 2 + 2 = 4?", "1"))
+        ('Yes', 'yes', 'YES')
+        """
+        word = self.rewarded_text(prompt)
+        return (word, word.lower(), word.upper())
 
     def sft_answer(self, prompt, rng):
         return "Yes." if prompt.answer == "1" else "No."

@@ -205,22 +205,28 @@ def _held_out_scores(model, codec, task, prompts, cfg, device, autocast) -> dict
     """Teacher-forced scores of the held-out prompts, at the sampling temperature.
 
     ``p_correct`` and ``logp_correct``: the mean probability and mean log-probability that
-    the policy writes the task's rewarded text (:meth:`~fbands.rl.tasks.Task.rewarded_text`;
-    followed by the end token when the reward is an exact match); ``entropy/first``: the
-    mean entropy of the first answer token's distribution, which unlike the sampled
-    answers' token-mean does not move with the answers' length or content.
+    the policy writes the task's rewarded text, in any of its spellings
+    (:meth:`~fbands.rl.tasks.Task.rewarded_texts`, their probabilities summed; followed by
+    the end token when the reward is an exact match); ``entropy/first``: the mean entropy
+    of the first answer token's distribution, which unlike the sampled answers' token-mean
+    does not move with the answers' length or content.
     """
-    answers = [codec.answer_ids(task.rewarded_text(p)) for p in prompts]
+    texts = [task.rewarded_texts(p) for p in prompts]
+    owner = [i for i, spellings in enumerate(texts) for _ in spellings]  # prompt of each row
+    answers = [codec.answer_ids(t) for spellings in texts for t in spellings]
     if not task.exact_match:  # the reward reads a prefix: no end token after it
         answers = [a[:-1] for a in answers]
-    ids, mask, width_p = pad_batch([codec.prompt_ids(p.text) for p in prompts], answers,
+    ids, mask, width_p = pad_batch([codec.prompt_ids(prompts[i].text) for i in owner], answers,
                                    codec.pad_id, device)
     with autocast():
         logp, entropy = token_logprobs(model, ids, mask, width_p, temperature=cfg.temperature,
                                        chunk=cfg.logprob_chunk)
-    seq = (logp * mask[:, width_p:]).sum(-1)  # (n,) log P(rewarded text)
-    return {"p_correct": float(seq.exp().mean()), "logp_correct": float(seq.mean()),
-            "entropy/first": float(entropy[:, 0].mean())}
+    seq = (logp * mask[:, width_p:]).sum(-1).double()  # (rows,) log P(one spelling)
+    rows = torch.tensor(owner, device=seq.device)
+    per_prompt = torch.stack([torch.logsumexp(seq[rows == i], 0) for i in range(len(prompts))])
+    first = torch.tensor([owner.index(i) for i in range(len(prompts))], device=seq.device)
+    return {"p_correct": float(per_prompt.exp().mean()), "logp_correct": float(per_prompt.mean()),
+            "entropy/first": float(entropy[first, 0].mean())}
 
 
 @torch.no_grad()
