@@ -17,10 +17,11 @@ test-fast: setup
 	$(PY) -m ruff check .
 	$(PY) -m pytest -m "not slow" -q
 
-## Lint, the test suite, the docs (warnings are errors) and their doctests.
+## Lint, the test suite, the docs (warnings are errors) and their doctests.  The suite
+## includes the llm extra installed alone in a fresh venv (scripts/check_llm_extra.sh).
 test: setup
 	$(PY) -m ruff check .
-	$(PY) -m pytest
+	FBANDS_CHECK_LLM_EXTRA=1 $(PY) -m pytest
 	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html -q
 	$(PY) -m sphinx -W --keep-going -b doctest docs docs/_build/doctest -q
 

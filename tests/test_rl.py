@@ -215,9 +215,15 @@ def test_update_metrics_leave_the_on_policy_update_out(tmp_path):
     assert any(max(r["update/ratio_max"][1:]) > 1.0 for r in rows)  # the policy did move
 
 
-def test_mechanism_metrics_count_every_token_and_sum_the_kl(tmp_path):
+def test_mechanism_metrics_count_every_token_and_sum_the_kl(tmp_path, monkeypatch):
     # a warm start long enough (and a common enough reversal) that some samples earn reward
     cfg = small(tmp_path, loss="band-kl", steps=3, tail_share=0.3, warm_start_steps=300)
+
+    class Labelled(TailTask):  # prompts in two classes: answer/start_p is split by class
+        def label(self, prompt):
+            return "early" if prompt.text[0] < "e" else "late"
+
+    monkeypatch.setattr(rl_train, "make_task", lambda c: Labelled(c.tail_share, c.tail_length))
     rl_train.train(cfg, log=quiet)
     _, rows = load_run(cfg.run_dir)
     from fbands.rl.diagnostics import P_OLD_BINS
@@ -235,6 +241,9 @@ def test_mechanism_metrics_count_every_token_and_sum_the_kl(tmp_path):
         assert r["kl/cumulative"] == pytest.approx(total)
         assert len(r["dlogp/tail_A+_per_prompt"]) == cfg.prompts_per_step
         assert r["time/after_update_s"] > 0
+        split = [r[k] for k in ("answer/start_p/early", "answer/start_p/late") if k in r]
+        if "answer/start_p" in r:  # the overall mean lies between the classes' means
+            assert split and min(split) - 1e-9 <= r["answer/start_p"] <= max(split) + 1e-9
     assert seen > 0
     off = small(tmp_path, "off", loss="band-kl", steps=1, mechanism_metrics=False)
     rl_train.train(off, log=quiet)

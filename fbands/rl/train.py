@@ -510,6 +510,10 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
             row["answer/start_p"] = float(p_start.mean())
             row["answer/start_tail_share"] = float((p_start < TAIL_PROB).float().mean())
             row["answer/rewarded"] = len(rows)
+            labels = [task.label(prompts[i // G]) for i in rows]
+            for label in sorted(set(labels) - {None}):  # verify: "Yes" on true, "No" on false
+                row[f"answer/start_p/{label}"] = float(p_start[[lb == label for lb in labels]]
+                                                       .mean())
         if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
             model.eval()
             row["accuracy"] = greedy_accuracy(model, codec, task, eval_prompts,
