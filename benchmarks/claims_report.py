@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 
 TARGET = 0.8
+#: the band radius of the presets: the width-control verdict reads this one, not the best
+PRESET_DELTA = 0.05
 SLUG = {"T": "T", "S": "S"}
 #: step-1 reward each real-model design expects (issue 28: P(Yes) near 0.04 behind the
 #: skeptical prompt; the untrained model's sampled pass rate on `sum`, llm_passrates.md)
@@ -158,8 +160,9 @@ def real_section(exp: str, runs: list[dict], plots: Path, out: dict) -> list[str
     if exp == "T":
         lines += ["SmolLM2-135M, `verify` with every statement true and a skeptical system "
                   "prompt, so the rewarded first word \"Yes\" starts as a tail token. Endpoint: "
-                  "held-out log P(Yes) (teacher-forced, first word) at the last step and its "
-                  "mean over steps (area under the curve / steps).", ""]
+                  "held-out log P(Yes), teacher-forced, summed over the spellings the grading "
+                  "accepts (Yes, yes, YES), at the last step and as its mean over the steps "
+                  "(the area under the curve over the steps).", ""]
     else:
         lines += ["SmolLM2-135M, `sum` free-form. Endpoints: mean sampled reward over the "
                   "steps (area under the reward curve / steps), final held-out pass@1 and "
@@ -238,7 +241,7 @@ def _mechanism_table(runs: list[dict]) -> str:
             for b in P_OLD_BINS:
                 d = mean_of(v for r in mine for v in series(r, f"dlogp/{side}/{b}"))
                 n = mean_of(v for r in mine for v in series(r, f"tokens/{side}/{b}"))
-                cells.append("n/a" if d is None else f"{d:+.4f} ({n:.0f})")
+                cells.append("n/a" if d is None else f"{d:+.3f} ({n:.1f})")
         lines.append(f"| {f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -316,12 +319,11 @@ def _plot_real(exp: str, runs: list[dict], key: str, path: Path) -> None:
         axes[1].plot(series(run, "kl/cumulative"), series(run, key), color=c, alpha=0.7,
                      lw=1.2)
         if exp == "T":
-            q = [(r.get("update/ratio_q05") or [None] * 4) for r in run["rows"]]
-            hi = [(r.get("update/ratio_q95") or [None] * 4) for r in run["rows"]]
-            for k in range(1, len(q[0]) if q else 0):
-                axes[2].scatter([k + 1] * len(q), [row[k] for row in q], color=c, s=6)
-                axes[2].scatter([k + 1] * len(hi), [row[k] for row in hi], color=c, s=6,
-                                marker="^")
+            for key, marker in (("update/ratio_q05", "o"), ("update/ratio_q95", "^")):
+                pts = [(k + 1, v) for r in run["rows"] for k, v in enumerate(r.get(key) or [])
+                       if k > 0 and v is not None and v > 0]  # update 1 is on-policy
+                if pts:
+                    axes[2].scatter(*zip(*pts, strict=True), color=c, s=6, marker=marker)
         else:
             pts = [(r.get("reward"), r.get("entropy/first")) for r in run["rows"]
                    if r.get("entropy/first") is not None]
@@ -333,8 +335,12 @@ def _plot_real(exp: str, runs: list[dict], key: str, path: Path) -> None:
     axes[0].set(xlabel="RL step", ylabel=label, title=f"{exp}: {label} by step")
     axes[1].set(xlabel="cumulative KL(old || new)", ylabel=label, title="against KL")
     if exp == "T":
-        axes[2].set(xlabel="update within the step", ylabel="ratio (5 %, 95 % quantiles)",
-                    title="off-policy ratios by minibatch")
+        axes[2].set(xlabel="update within the step (1 is on-policy)",
+                    ylabel="ratio (5 % dots, 95 % triangles)", title="off-policy ratios by "
+                    "minibatch, every step")
+        if axes[2].collections:  # a log scale needs points
+            axes[2].set_yscale("log")
+        axes[2].xaxis.get_major_locator().set_params(integer=True)
     else:
         axes[2].set(xlabel="sampled reward (evaluation steps)",
                     ylabel="first-token entropy (held out)", title="entropy against reward")
@@ -388,10 +394,30 @@ def width_section(runs: list[dict], plots: Path, out: dict) -> list[str]:
         v = verdict(ci, -1) if inside else "outside the range (extrapolated)"
         lines.append(f"| {d:g} | {band_kl:.4f} | {'yes' if inside else 'no'} | {fmt(ci, 2)} | "
                      f"{v} |")
-        if inside and (best is None or (ci and ci["mean"] < best[0]["mean"])):
-            best = (ci, verdict(ci, -1), d)
+        if d == PRESET_DELTA:  # the verdict reads the preset's radius, chosen before the runs
+            best = (ci, v if inside else "not decided (outside the range)")
     if best:
-        out[f"width: band-kl {best[2]:g} vs the clip family at equal KL (steps)"] = best[:2]
+        out[f"width: band-kl {PRESET_DELTA:g} vs the clip family at equal KL (steps)"] = best
+
+    def entropy_at_target(run):
+        """First-token entropy at the first step with held-out accuracy 0.8 (None: never)."""
+        return next((r.get("entropy/first") for r in run["rows"]
+                     if r.get("accuracy") is not None and r["accuracy"] >= TARGET), None)
+
+    pair = [r for r in runs if (r["family"], r["width"]) in (("band-kl", PRESET_DELTA),
+                                                             ("clip", 0.2))]
+    by = {(r["family"], r["seed"]): r for r in pair}
+    diffs = []
+    for (f, s), run in by.items():
+        if f == "band-kl" and ("clip", s) in by:
+            a, b = entropy_at_target(run), entropy_at_target(by[("clip", s)])
+            diffs.append(None if a is None or b is None else a - b)
+    ci = t_interval(diffs)
+    out["width: first-token entropy at 0.8 accuracy, band-kl 0.05 vs clip 0.2"] = (
+        ci, verdict(ci))
+    lines += ["", "At equal accuracy (the first step at 0.8), the held-out first-token entropy, "
+              f"band-kl {PRESET_DELTA:g} minus clip 0.2, paired by seed: {fmt(ci)}; "
+              f"{verdict(ci)} (claim 2 predicts a higher entropy for the band)."]
     _plot_width(fam, kl, plots / "claims_width.png")
     lines += ["", "![width](claims_width.png)"]
     return lines
@@ -478,7 +504,8 @@ def toy_pair_section(name: str, runs: list[dict], out: dict) -> list[str]:
 CLAIMS = (("(1) higher accuracy than PPO clip",
            ("S: final pass@1 vs clip", "S: mean reward vs clip",
             "width: band-kl")),
-          ("(2) no entropy collapse", ("S: final first-token entropy vs clip",)),
+          ("(2) no entropy collapse", ("S: final first-token entropy vs clip",
+                                       "width: first-token entropy")),
           ("(3) rewarded tail tokens learn faster",
            ("T: final log P(Yes) vs clip", "T: step-1 replay", "T: final log P(Yes) vs "
             "clip-wide", "width: band-kl", "dose:", "two:")))
