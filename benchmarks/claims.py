@@ -134,11 +134,11 @@ KEEP = ("step", "reward", "accuracy", "p_correct", "logp_correct", "entropy", "e
 
 
 def _kept(row: dict) -> dict:
-    def short(v):
+    def short(v, digits=6):
         if isinstance(v, float):
-            return float(f"{v:.6g}") if math.isfinite(v) else None
-        if isinstance(v, list):
-            return [short(x) for x in v]
+            return float(f"{v:.{digits}g}") if math.isfinite(v) else None
+        if isinstance(v, list):  # per-update and per-prompt lists: 4 digits are plenty
+            return [short(x, 4) for x in v]
         return v
 
     return {k: short(v) for k, v in row.items()

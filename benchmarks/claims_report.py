@@ -64,7 +64,7 @@ def bootstrap(values, draws: int = 4000, seed: int = 0) -> dict | None:
 def verdict(ci: dict | None, sign: int = 1) -> str:
     if not ci or ci.get("lo") is None:
         return "not decided (too few runs)"
-    if sign * ci["lo"] > 0 or sign * ci["hi"] < 0:
+    if ci["lo"] > 0 or ci["hi"] < 0:  # the interval excludes 0
         return "shown" if sign * ci["mean"] > 0 else "refuted"
     return "not shown"
 
@@ -507,8 +507,10 @@ CLAIMS = (("(1) higher accuracy than PPO clip",
           ("(2) no entropy collapse", ("S: final first-token entropy vs clip",
                                        "width: first-token entropy")),
           ("(3) rewarded tail tokens learn faster",
-           ("T: final log P(Yes) vs clip", "T: step-1 replay", "T: final log P(Yes) vs "
-            "clip-wide", "width: band-kl", "dose:", "two:")))
+           ("T: mean log P(Yes) vs clip", "T: mean log P(Yes) vs clip-wide",
+            "T: final log P(Yes) vs clip", "T: step-1 replay", "width: band-kl", "dose:",
+            "two:")),
+          ("negative control: no difference expected", ("addition",)))
 
 
 def write_report(results: dict[str, list[dict]], out_dir: Path, machine: str) -> Path:

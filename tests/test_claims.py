@@ -72,7 +72,8 @@ def test_t_interval_against_the_t_table():
 
 @pytest.mark.parametrize("lo, hi, sign, expected", [
     (0.1, 0.5, 1, "shown"), (-0.5, -0.1, 1, "refuted"), (-0.1, 0.5, 1, "not shown"),
-    (-0.5, -0.1, -1, "shown"), (0.1, 0.5, -1, "refuted")])
+    (-0.5, -0.1, -1, "shown"), (0.1, 0.5, -1, "refuted"), (-0.5, 0.3, -1, "not shown"),
+    (-0.3, 0.5, -1, "not shown")])
 def test_verdicts_read_the_interval(lo, hi, sign, expected):
     assert report.verdict({"mean": (lo + hi) / 2, "lo": lo, "hi": hi, "n": 3}, sign) == expected
 
