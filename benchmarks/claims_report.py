@@ -197,7 +197,8 @@ def real_section(exp: str, runs: list[dict], plots: Path, out: dict) -> list[str
                  [("mean reward", lambda r: mean_of(series(r, "reward")), 1),
                   ("final pass@1", lambda r: last(r, "eval/pass@1"), 1),
                   ("final pass@8", lambda r: last(r, "eval/pass@8"), 1),
-                  ("final first-token entropy", lambda r: last(r, "entropy/first"), 1)])
+                  ("final first-token entropy", lambda r: last(r, "entropy/first"), 1),
+                  ("first-token entropy at equal pass@1", _entropy_at(runs), 1)])
     for name, value, sign in endpoints:
         for other in (f for f in families if f != "band-kl"):
             ci = t_interval(paired(runs, "band-kl", other, value))
@@ -223,6 +224,23 @@ def real_section(exp: str, runs: list[dict], plots: Path, out: dict) -> list[str
     lines += ["", _mechanism_table(runs), "", f"![{exp}](claims_{exp}.png)"]
     _plot_real(exp, runs, key, plots / f"claims_{exp}.png")
     return lines
+
+
+def _entropy_at(runs: list[dict]):
+    """A function of a run: its held-out first-token entropy interpolated at one pass@1
+    level shared by every run (the median of the runs' mean pass@1 over the evaluations),
+    from its evaluation steps ordered by pass@1; None when the run never straddles it."""
+    means = [v for v in (mean_of(series(r, "eval/pass@1")) for r in runs) if v is not None]
+    level = statistics.median(means) if means else None
+
+    def value(run):
+        pts = sorted((r["eval/pass@1"], r["entropy/first"]) for r in run["rows"]
+                     if r.get("eval/pass@1") is not None and r.get("entropy/first") is not None)
+        if level is None or len(pts) < 2 or not pts[0][0] <= level <= pts[-1][0]:
+            return None
+        return float(np.interp(level, [p[0] for p in pts], [p[1] for p in pts]))
+
+    return value
 
 
 def _mechanism_table(runs: list[dict]) -> str:
@@ -504,7 +522,8 @@ def toy_pair_section(name: str, runs: list[dict], out: dict) -> list[str]:
 CLAIMS = (("(1) higher accuracy than PPO clip",
            ("S: final pass@1 vs clip", "S: mean reward vs clip",
             "width: band-kl")),
-          ("(2) no entropy collapse", ("S: final first-token entropy vs clip",
+          ("(2) no entropy collapse", ("S: first-token entropy at equal pass@1 vs clip",
+                                       "S: final first-token entropy vs clip",
                                        "width: first-token entropy")),
           ("(3) rewarded tail tokens learn faster",
            ("T: mean log P(Yes) vs clip", "T: mean log P(Yes) vs clip-wide",
