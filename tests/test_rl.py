@@ -23,6 +23,8 @@ from fbands.rl.config import ConfigError, TrainConfig  # noqa: E402
 from fbands.rl.model import char_tokenizer, load_policy, token_logprobs  # noqa: E402
 from fbands.rl.tasks import AdditionTask, Prompt, TailTask, make_task  # noqa: E402
 
+from ._draws import old_prompts  # noqa: E402
+
 
 def small(tmp_path, name="run", **overrides) -> TrainConfig:
     """A CI-sized config: a smaller model, a short warm start, a few steps."""
@@ -79,16 +81,6 @@ def test_tail_rewarded_option_and_its_warm_start_key(tmp_path):
             == small(tmp_path).warm_start_key())  # a verify option: tail caches kept
     with pytest.raises(ConfigError, match="tail_rewarded"):
         small(tmp_path, tail_rewarded="rotate").validate()
-
-
-def old_prompts(task, rng, n, split="train"):
-    """The draw of Task.prompts before held-out prompts were made distinct (a copy)."""
-    out = []
-    while len(out) < n:
-        prompt = task.prompt(rng)
-        if task.held_out(prompt) == (split == "eval") or not task.has_split:
-            out.append(prompt)
-    return out
 
 
 @pytest.mark.parametrize("task", [TailTask(), TailTask(0.06, 5, "reverse+rotate"),
