@@ -61,9 +61,14 @@ def bootstrap(values, draws: int = 4000, seed: int = 0) -> dict | None:
             "values": v.tolist()}
 
 
+#: fewest paired differences a verdict reads (the designs' 3 seeds): with 2, two values that
+#: agree by chance give a narrow interval
+MIN_PAIRS = 3
+
+
 def verdict(ci: dict | None, sign: int = 1) -> str:
-    if not ci or ci.get("lo") is None:
-        return "not decided (too few runs)"
+    if not ci or ci.get("lo") is None or ci["n"] < MIN_PAIRS:
+        return f"not decided (fewer than {MIN_PAIRS} pairs)"
     if ci["lo"] > 0 or ci["hi"] < 0:  # the interval excludes 0
         return "shown" if sign * ci["mean"] > 0 else "refuted"
     return "not shown"

@@ -76,6 +76,8 @@ def test_t_interval_against_the_t_table():
     (-0.3, 0.5, -1, "not shown")])
 def test_verdicts_read_the_interval(lo, hi, sign, expected):
     assert report.verdict({"mean": (lo + hi) / 2, "lo": lo, "hi": hi, "n": 3}, sign) == expected
+    two = report.verdict({"mean": (lo + hi) / 2, "lo": lo, "hi": hi, "n": 2}, sign)
+    assert two.startswith("not decided")  # two pairs decide nothing
 
 
 def test_bootstrap_interval_covers_the_mean_and_shrinks_with_n():
