@@ -18,7 +18,6 @@ import numpy as np
 TARGET = 0.8
 #: the band radius of the presets: the width-control verdict reads this one, not the best
 PRESET_DELTA = 0.05
-SLUG = {"T": "T", "S": "S"}
 #: step-1 reward each real-model design expects (issue 28: P(Yes) near 0.04 behind the
 #: skeptical prompt; the untrained model's sampled pass rate on `sum`, llm_passrates.md)
 ESTIMATES = {"T": 0.04, "S": 0.22}
