@@ -16,7 +16,6 @@ import pytest
 import torch
 
 import fbands
-from fbands import losses
 from fbands.losses import (
     AGG_MODES,
     METHODS,
@@ -30,6 +29,7 @@ from fbands.losses import (
     precompute_band,
     preset,
 )
+from fbands.losses import band as loss_band
 
 F64 = torch.float64
 
@@ -502,7 +502,7 @@ def test_every_method_returns_metrics_without_host_sync(method, monkeypatch):
     with monkeypatch.context() as patch:
         forbid_host_sync(patch)
         # the CPU tensors stand in for device ones: the band takes the device's route
-        patch.setattr(losses, "_on_host", lambda x: False)
+        patch.setattr(loss_band, "_on_host", lambda x: False)
         # check=False: what the default does on an accelerator (it checks on the CPU only)
         loss, metrics = policy_loss(logp_old, logp, adv, mask, cfg, band, check=False)
         loss_inside, _ = policy_loss(logp_old, logp, adv, mask, cfg, check=False)

@@ -17,6 +17,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("tqdm")
 
 from fbands.cli import main as fbands_main  # noqa: E402
+from fbands.rl import evaluate as rl_evaluate  # noqa: E402
 from fbands.rl import train as rl_train  # noqa: E402
 from fbands.rl.compare import compare, load_run, steps_to  # noqa: E402
 from fbands.rl.config import ConfigError, TrainConfig  # noqa: E402
@@ -268,8 +269,8 @@ def test_held_out_scores_read_the_rewarded_text(tmp_path):
             return prompt.text[:2]
 
     shown = Shown()
-    got = rl_train._held_out_scores(model, codec, shown, prompts, cfg, "cpu",
-                                    rl_train.contextlib.nullcontext)
+    got = rl_evaluate.held_out_scores(model, codec, shown, prompts, cfg, "cpu",
+                                      rl_train.contextlib.nullcontext)
     logps, entropies = [], []
     with torch.no_grad():
         for p in prompts:
@@ -288,8 +289,8 @@ def test_held_out_scores_read_the_rewarded_text(tmp_path):
         def rewarded_texts(self, prompt):
             return (prompt.text[:2], prompt.text[1:3])
 
-    both = rl_train._held_out_scores(model, codec, Spelt(), prompts, cfg, "cpu",
-                                     rl_train.contextlib.nullcontext)
+    both = rl_evaluate.held_out_scores(model, codec, Spelt(), prompts, cfg, "cpu",
+                                       rl_train.contextlib.nullcontext)
     other = []
     with torch.no_grad():
         for p in prompts:
@@ -301,8 +302,8 @@ def test_held_out_scores_read_the_rewarded_text(tmp_path):
     assert both["logp_correct"] == pytest.approx(np.mean(np.logaddexp(logps, other)), abs=1e-5)
     assert both["entropy/first"] == pytest.approx(got["entropy/first"], abs=1e-6)
     # an exact-match task also scores the end token after its answer
-    exact = rl_train._held_out_scores(model, codec, task, prompts, cfg, "cpu",
-                                      rl_train.contextlib.nullcontext)
+    exact = rl_evaluate.held_out_scores(model, codec, task, prompts, cfg, "cpu",
+                                        rl_train.contextlib.nullcontext)
     assert exact["entropy/first"] == pytest.approx(got["entropy/first"], abs=1e-6)
 
 

@@ -384,7 +384,7 @@ def compute_policy_loss(
     band = fl.precompute_band(old_log_prob, cfg, mask=response_mask)
     loss, raw = fl.policy_loss(old_log_prob, log_prob, advantages, weights, cfg, band=band)
     metrics = _verl_metrics(raw)
-    if cfg.method in fl._DIVERGENCE_BAND:
+    if cfg.uses_radius:
         metrics["actor/band/delta"] = cfg.delta
     return loss, metrics
 

@@ -2,8 +2,9 @@
 
 Read :mod:`fbands.rl.train` top to bottom for the algorithm; :mod:`fbands.rl.config` holds
 every option, :mod:`fbands.rl.tasks` the verifiable tasks, :mod:`fbands.rl.model` the policy
-and its float32 log-probabilities, :mod:`fbands.rl.rollout` the sampling and
-:mod:`fbands.rl.compare` the plots.  Importing this package does not import torch.
+and its float32 log-probabilities, :mod:`fbands.rl.rollout` the sampling,
+:mod:`fbands.rl.evaluate` the held-out evaluation and :mod:`fbands.rl.compare` the plots.
+Importing this package does not import torch.
 
 Command line::
 

@@ -273,11 +273,10 @@ class TrainConfig:
                               "('' for a fixed radius)")
         if not self.delta_schedule:
             return None
-        from fbands.losses import _DIVERGENCE_BAND
         from fbands.schedules import parse_schedule
 
         loss_cfg = self.loss_config()
-        if loss_cfg.method not in _DIVERGENCE_BAND:
+        if not loss_cfg.uses_radius:
             raise ConfigError(f"delta_schedule={self.delta_schedule!r}: the loss "
                               f"{self.loss!r} has no band radius to schedule")
         try:

@@ -14,6 +14,7 @@ import math
 import torch
 
 from fbands.losses import TAIL_PROB
+from fbands.losses.terms import side_masks
 
 
 @torch.no_grad()
@@ -35,7 +36,8 @@ def tail_clip_counts(logp_old, logp, advantages, mask, band) -> torch.Tensor:
     """
     logr = logp.detach() - logp_old
     adv = advantages[:, None]
-    clipped = ((adv > 0) & (logr > band.log_upper)) | ((adv < 0) & (logr < band.log_lower))
+    upper, lower = side_masks(logr, adv, band.log_lower, band.log_upper)
+    clipped = upper | lower
     valid = mask > 0
     tail = valid & (logp_old < math.log(TAIL_PROB))
     rest = valid & ~tail

@@ -21,8 +21,9 @@ Read :func:`train` top to bottom; it is the whole algorithm:
    of log p of the sampled tokens by old probability and sign of the advantage
    (:mod:`fbands.rl.diagnostics`);
 7. one line of metrics to ``metrics.jsonl`` (the loss's diagnostics over the off-policy
-   updates, and per update in order); a non-finite loss stops the run (the last good
-   checkpoint stays); an atomic checkpoint every ``checkpoint_every`` steps.
+   updates, and per update in order; the sampled answers and, every ``eval_every`` steps,
+   the held-out evaluation: :mod:`fbands.rl.evaluate`); a non-finite loss stops the run
+   (the last good checkpoint stays); an atomic checkpoint every ``checkpoint_every`` steps.
 
 Timing metrics: ``time/rollout_s`` (sampling and scoring), ``time/update_s`` (old
 log-probabilities, the band and the PPO epochs), ``tokens_per_s`` (response tokens over
@@ -49,15 +50,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fbands.losses import (
-    _DIVERGENCE_BAND,
-    METRIC_KEYS,
-    TAIL_PROB,
-    Band,
-    agg_loss,
-    policy_loss,
-    precompute_band,
-)
+from fbands.losses import METRIC_KEYS, Band, agg_loss, policy_loss, precompute_band
 from fbands.rl.config import ConfigError, TrainConfig
 from fbands.rl.diagnostics import (
     UPDATE_STATS,
@@ -67,8 +60,9 @@ from fbands.rl.diagnostics import (
     tail_gain_per_prompt,
     update_stats,
 )
-from fbands.rl.model import load_policy, pad_batch, token_logprobs, warm_start
-from fbands.rl.rollout import answer_start_columns, greedy_accuracy, sample
+from fbands.rl.evaluate import answer_metrics, evaluate
+from fbands.rl.model import load_policy, token_logprobs, warm_start
+from fbands.rl.rollout import sample
 from fbands.rl.tasks import make_task
 
 CHECKPOINT = "checkpoint.pt"
@@ -198,50 +192,6 @@ def _logged_step(line: str) -> float:
 #: (run_dir too: the checkpoint was found there, so ./r3, r3/ and /abs/r3 all name the run)
 _RESUMABLE_CHANGES = {"steps", "progress", "checkpoint_every", "threads", "device", "cache_dir",
                       "run_dir"}
-
-
-@torch.no_grad()
-def _held_out_scores(model, codec, task, prompts, cfg, device, autocast) -> dict[str, float]:
-    """Teacher-forced scores of the held-out prompts, at the sampling temperature.
-
-    ``p_correct`` and ``logp_correct``: the mean probability and mean log-probability that
-    the policy writes the task's rewarded text, in any of its spellings
-    (:meth:`~fbands.rl.tasks.Task.rewarded_texts`, their probabilities summed; followed by
-    the end token when the reward is an exact match); ``entropy/first``: the mean entropy
-    of the first answer token's distribution, which unlike the sampled answers' token-mean
-    does not move with the answers' length or content.
-    """
-    texts = [task.rewarded_texts(p) for p in prompts]
-    owner = [i for i, spellings in enumerate(texts) for _ in spellings]  # prompt of each row
-    answers = [codec.answer_ids(t) for spellings in texts for t in spellings]
-    if not task.exact_match:  # the reward reads a prefix: no end token after it
-        answers = [a[:-1] for a in answers]
-    ids, mask, width_p = pad_batch([codec.prompt_ids(prompts[i].text) for i in owner], answers,
-                                   codec.pad_id, device)
-    with autocast():
-        logp, entropy = token_logprobs(model, ids, mask, width_p, temperature=cfg.temperature,
-                                       chunk=cfg.logprob_chunk)
-    seq = (logp * mask[:, width_p:]).sum(-1).double()  # (rows,) log P(one spelling)
-    rows = torch.tensor(owner, device=seq.device)
-    per_prompt = torch.stack([torch.logsumexp(seq[rows == i], 0) for i in range(len(prompts))])
-    first = torch.tensor([owner.index(i) for i in range(len(prompts))], device=seq.device)
-    return {"p_correct": float(per_prompt.exp().mean()), "logp_correct": float(per_prompt.mean()),
-            "entropy/first": float(entropy[first, 0].mean())}
-
-
-@torch.no_grad()
-def _held_out_samples(model, codec, task, prompts, cfg, step, device, autocast) -> dict:
-    """``eval/pass@1`` and ``eval/pass@k``: ``k = cfg.eval_samples`` answers per held-out
-    prompt at the sampling temperature, drawn from a generator of their own."""
-    k = cfg.eval_samples
-    generator = torch.Generator(device=device).manual_seed(
-        int(np.random.default_rng([cfg.seed, step, 2]).integers(2**62)))
-    batch = sample(model, codec, [p.text for p in prompts], k, cfg.max_new_tokens,
-                   cfg.temperature, generator, device, autocast)
-    rewards = np.array([task.reward(prompts[i // k], c)
-                        for i, c in enumerate(batch.completions)]).reshape(-1, k)
-    return {"eval/pass@1": float(rewards.mean()),
-            f"eval/pass@{k}": float((rewards.max(axis=1) > 0).mean())}
 
 
 # --- the loop ------------------------------------------------------------------------------
@@ -494,34 +444,14 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
                "time/band_s": t_band,
                "time/band_share": t_band / (t_end - t_start),
                **clip_split_metrics(clip_counts)}
-        if step_cfg.method in _DIVERGENCE_BAND:  # the radius this step's band used
+        if step_cfg.uses_radius:  # the radius this step's band used
             row["delta"] = step_cfg.delta
             if schedule is not None and schedule.adaptive:  # the rule's input and output
                 row["delta/measured_kl"] = row["kl/update"]
                 row["delta/next"] = schedule.update(row["delta/measured_kl"])
-        rows, cols = answer_start_columns(codec, task, [prompts[i // G] for i in range(len(
-            batch.completions))], batch, rewards.tolist())
-        if task.solutions:  # which named solution each sample is, as shares of the batch
-            kinds = [task.solution(prompts[i // G], c) for i, c in enumerate(batch.completions)]
-            row |= {f"solution/{name}": kinds.count(name) / len(kinds)
-                    for name in task.solutions}
-        if rows:  # old probability of the token where each rewarded answer starts
-            p_start = logp_old[rows, cols].exp()
-            row["answer/start_p"] = float(p_start.mean())
-            row["answer/start_tail_share"] = float((p_start < TAIL_PROB).float().mean())
-            row["answer/rewarded"] = len(rows)
-            labels = [task.label(prompts[i // G]) for i in rows]
-            for label in sorted(set(labels) - {None}):  # verify: "Yes" on true, "No" on false
-                row[f"answer/start_p/{label}"] = float(p_start[[lb == label for lb in labels]]
-                                                       .mean())
+        row |= answer_metrics(codec, task, prompts, batch, rewards, logp_old, G)
         if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
-            model.eval()
-            row["accuracy"] = greedy_accuracy(model, codec, task, eval_prompts,
-                                              cfg.max_new_tokens, device, autocast)
-            row |= _held_out_scores(model, codec, task, eval_prompts, cfg, device, autocast)
-            if cfg.eval_samples:
-                row |= _held_out_samples(model, codec, task, eval_prompts, cfg, step, device,
-                                         autocast)
+            row |= evaluate(model, codec, task, eval_prompts, cfg, step, device, autocast)
         with metrics_path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         if (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0) \

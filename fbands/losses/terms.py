@@ -1,0 +1,181 @@
+r"""The per-token loss terms of every method, and the soft clip.
+
+Each term function takes the log-ratio :math:`\log r` (with gradient), the advantage and
+the band's log-edges, all ``(B, T)`` and already cleaned of padding by
+:func:`fbands.losses.policy_loss`, and returns the per-token loss with four bool masks:
+the tokens clipped at the upper and at the lower edge (:func:`side_masks`), those capped by
+the dual clip, and those whose ``band_mask`` weight hit its truncation.  Comparisons are made
+in log space, and no log-ratio above ``_MAX_LOG_RATIO`` (80) is ever exponentiated.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from fbands.errors import LossError
+from fbands.losses.config import SOFT_FORMS, _dual_clip_c
+
+# Ratios are exponentiated from log r <= _MAX_LOG_RATIO (r <= 5.5e34), which keeps every
+# product finite in float32.  Only a token whose old probability is below ~1e-35 can reach it.
+_MAX_LOG_RATIO = 80.0
+
+
+def side_masks(logratio: Tensor, adv: Tensor, log_lo: Tensor,
+               log_hi: Tensor) -> tuple[Tensor, Tensor]:
+    r"""The tokens whose ratio left the band on the side where the PPO form stops their
+    gradient: ``(upper, lower)``.
+
+    .. math::
+
+        \text{upper} = [A > 0 \text{ and } \log r > \log r_{hi}],\qquad
+        \text{lower} = [A < 0 \text{ and } \log r < \log r_{lo}],
+
+    bool tensors of the arguments' broadcast shape (no gradient, no host sync).  They are
+    the clip fractions of :func:`fbands.losses.policy_loss`, the tokens ``band_mask`` drops,
+    TRL's ``clip_ratio/*`` and the trainer's clipped counts.
+
+    Examples
+    --------
+    >>> import math, torch
+    >>> logratio = torch.tensor([[0.5, 0.5, -0.5, -0.5]])
+    >>> adv = torch.tensor([[1.0, -1.0, 1.0, -1.0]])
+    >>> lo, hi = torch.full((1, 4), math.log(0.8)), torch.full((1, 4), math.log(1.2))
+    >>> [m.tolist() for m in side_masks(logratio, adv, lo, hi)]
+    [[[True, False, False, False]], [[False, False, False, True]]]
+    """
+    upper = (adv > 0) & (logratio > log_hi)
+    lower = (adv < 0) & (logratio < log_lo)
+    return upper, lower
+
+
+def _clip_form(logratio, adv, log_lo, log_hi, cfg):
+    """PPO-form term -A exp(eff), with eff the log-ratio clipped on the advantage's side.
+
+    For A >= 0, max(-A r, -A clip(r, lo, hi)) = -A min(r, hi); for A < 0 it is
+    -A max(r, lo), and dual clip also caps that at -A c: in log space eff is log r clamped
+    from one side, and a clamped token has no gradient (band_gppo gives it one back).
+    """
+    upper, lower = side_masks(logratio, adv, log_lo, log_hi)
+    c = _dual_clip_c(cfg)
+    if c is not None:
+        log_c = math.log(c)
+        dual = (adv < 0) & (logratio > log_c)
+    else:
+        log_c = math.inf
+        dual = torch.zeros_like(upper)
+    if cfg.method == "band_gppo":
+        # Straight-through: the value is the clipped one, exp(edge); the gradient is
+        # beta * edge * A * grad(log pi), the surrogate's own gradient at the edge.
+        moving = logratio - logratio.detach()  # 0 in value, d log r in gradient
+        beta_low = cfg.gppo_beta if cfg.gppo_beta_low is None else cfg.gppo_beta_low
+        hi_val = log_hi + cfg.gppo_beta * moving
+        lo_val = log_lo + beta_low * moving
+    else:
+        hi_val, lo_val = log_hi, log_lo
+    eff = torch.where(upper, hi_val, logratio)
+    eff = torch.where(lower, lo_val, eff)
+    eff = torch.where(dual, torch.full_like(logratio, log_c), eff)
+    per_token = -adv * torch.exp(eff.clamp(max=_MAX_LOG_RATIO))
+    return per_token, upper, lower, dual, torch.zeros_like(upper)
+
+
+def _saturate(d: Tensor, log_scale: Tensor, k: float) -> Tensor:
+    """``scale * tanh(k d / scale)``, written as ``k d phi(k d / scale)`` with
+    ``phi(x) = tanh(x) / x``: finite and smooth for any finite ``d`` even when ``scale``
+    (given by its log) overflows, and exact as ``x -> 0`` (``phi = 1 - x^2 / 3``)."""
+    kd = k * d
+    # A scale below e^-20 (an edge at ~1, eps = 0) acts as a hard clip; the floor keeps
+    # 1 / scale finite, so that no 0 * inf reaches the value or the gradient.
+    x = kd * torch.exp(-log_scale.clamp(min=-20.0))
+    small = x.abs() < 1e-4
+    x_safe = torch.where(small, torch.ones_like(x), x)
+    phi = torch.where(small, 1 - x * x / 3, torch.tanh(x_safe) / x_safe)
+    return kd * phi
+
+
+def soft_clip(logratio: Tensor, log_lo: Tensor, log_hi: Tensor, form: str, *,
+              k: float = 1.0, width: float = 0.25) -> Tensor:
+    r"""The smooth saturation ``s(r)`` that ``LossConfig.soft`` puts in place of
+    ``clip(r, r_lo, r_hi)``, from log-ratios and log-edges.
+
+    ``tanh1`` (one segment, centred on the band): :math:`s = m + h\tanh((r - m)/h)` with
+    :math:`m = (r_{lo} + r_{hi})/2`, :math:`h = (r_{hi} - r_{lo})/2`.  Its slope at ``m``
+    is 1, it tends to the edges, and it is not 1 at ``r = 1`` for a band that is not
+    symmetric about 1 (a tail token's).
+
+    ``tanh2`` (two segments joined at ``r = 1``): :math:`s = 1 + e\tanh(k (r - 1)/e)` with
+    :math:`e = r_{hi} - 1` for ``r >= 1`` and :math:`e = 1 - r_{lo}` below.  ``s(1) = 1``,
+    slope ``k`` there, tends to the edges.
+
+    ``smooth3`` (three segments): the identity inside the band, and beyond an edge ``b``
+    :math:`s = b + w\tanh((r - b)/w)` with :math:`w = \text{width}\cdot|b - 1|`: value and
+    slope continuous at the edges, saturating at ``b +- w``.
+
+    Ratios and edges are exponentiated from at most :math:`\log r = 80` (as the hard clip
+    does), and each tanh is evaluated as ``k d tanh(x)/x`` with its scale given in log
+    space, so that an edge that overflows the dtype gives a finite ``s`` (close to ``r``:
+    such a band does not restrain the token).
+    """
+    lr = logratio.clamp(max=_MAX_LOG_RATIO)
+    r = torch.exp(lr)
+    hi_c = log_hi.clamp(max=_MAX_LOG_RATIO)
+    if form == "tanh2":
+        log_e_hi = torch.log(torch.expm1(hi_c))  # log(r_hi - 1)
+        log_e_lo = torch.log(-torch.expm1(log_lo))  # log(1 - r_lo), 0 at r_lo = 0
+        above = lr >= 0
+        d = torch.expm1(lr)
+        return 1 + _saturate(d, torch.where(above, log_e_hi, log_e_lo), k)
+    if form == "tanh1":
+        lo, hi = torch.exp(log_lo), torch.exp(hi_c)
+        m, h = (lo + hi) / 2, (hi - lo) / 2
+        return m + _saturate(r - m, torch.log(h), 1.0)
+    if form == "smooth3":
+        lo, hi = torch.exp(log_lo), torch.exp(hi_c)
+        log_w_hi = math.log(width) + torch.log(torch.expm1(hi_c))
+        log_w_lo = math.log(width) + torch.log(-torch.expm1(log_lo))
+        up = hi + _saturate(r - hi, log_w_hi, 1.0)
+        down = lo + _saturate(r - lo, log_w_lo, 1.0)
+        return torch.where(logratio > log_hi, up, torch.where(logratio < log_lo, down, r))
+    raise LossError(f"unknown soft form {form!r}; expected one of {', '.join(SOFT_FORMS)}")
+
+
+def _soft_clip_form(logratio, adv, log_lo, log_hi, cfg):
+    """PPO form with ``clip`` replaced by :func:`soft_clip`: ``max(-A r, -A s(r))``, i.e.
+    ``-A min(r, s)`` for A >= 0 and ``-A max(r, s)`` (then capped by dual clip) for A < 0.
+    The clip fractions count the tokens beyond the edge on the advantage's side."""
+    upper, lower = side_masks(logratio, adv, log_lo, log_hi)
+    r = torch.exp(logratio.clamp(max=_MAX_LOG_RATIO))
+    s = soft_clip(logratio, log_lo, log_hi, cfg.soft, k=cfg.soft_k, width=cfg.soft_width)
+    v = torch.where(adv >= 0, torch.minimum(r, s), torch.maximum(r, s))
+    c = _dual_clip_c(cfg)
+    if c is not None:
+        dual = (adv < 0) & (v > c)
+        v = torch.where(dual, torch.full_like(v, c), v)
+    else:
+        dual = torch.zeros_like(upper)
+    return -adv * v, upper, lower, dual, torch.zeros_like(upper)
+
+
+def _band_mask(logratio, logp, adv, log_lo, log_hi, cfg):
+    """DPPO form: -A sg(min(r, C)) log pi, dropped where the token left its band."""
+    upper, lower = side_masks(logratio, adv, log_lo, log_hi)
+    keep = ~(upper | lower)
+    log_c = math.log(cfg.truncation)
+    weight = torch.exp(logratio.detach().clamp(max=min(log_c, _MAX_LOG_RATIO)))
+    per_token = torch.where(keep, -adv * weight * logp, torch.zeros_like(logp))
+    trunc = keep & (logratio > log_c)
+    return per_token, upper, lower, torch.zeros_like(upper), trunc
+
+
+def _cispo(logratio, logp, adv, log_lo, log_hi):
+    """CISPO: -sg(clip(r, lo, hi)) A log pi; every token keeps its gradient."""
+    upper = logratio > log_hi
+    lower = logratio < log_lo
+    clipped = torch.minimum(torch.maximum(logratio.detach(), log_lo), log_hi)
+    weight = torch.exp(clipped.clamp(max=_MAX_LOG_RATIO))
+    per_token = -adv * weight * logp
+    none = torch.zeros_like(upper)
+    return per_token, upper, lower, none, none
