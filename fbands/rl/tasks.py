@@ -46,195 +46,54 @@ hash falls in the first fifth is only ever drawn for evaluation, never for train
     rare token: the tail-token situation on a real vocabulary.  With
     ``verify_true_share=1`` every statement is true, and a skeptical system prompt can make
     ``Yes`` a tail token for every prompt.
+
+:class:`Prompt` and :class:`Task`, which every task shares, are written in
+``fbands.rl._task_base``, and the chat tasks in ``fbands.rl._chat_tasks``; this module holds
+the two tasks of the tiny model and :func:`make_task`, and re-exports the rest: import every
+name from here.
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import re
-from dataclasses import dataclass
 
-import numpy as np
+from fbands.rl._chat_tasks import _FIRST_YES_NO as _FIRST_YES_NO
+from fbands.rl._chat_tasks import _INTEGER as _INTEGER
+from fbands.rl._chat_tasks import _NAMES as _NAMES
+from fbands.rl._chat_tasks import _THINGS as _THINGS
+from fbands.rl._chat_tasks import (
+    ChatTask,
+    LargerTask,
+    SumTask,
+    VerifyTask,
+    WordProblemTask,
+    first_yes_no,
+    last_integer,
+)
+from fbands.rl._chat_tasks import _word_problem as _word_problem
+from fbands.rl._task_base import Prompt, Task
+
+# In the order of the API page (autodoc documents the names listed here).
+__all__ = [
+    "TAIL_LETTERS",
+    "TAIL_REWARDED",
+    "Prompt",
+    "Task",
+    "TailTask",
+    "AdditionTask",
+    "last_integer",
+    "ChatTask",
+    "SumTask",
+    "LargerTask",
+    "first_yes_no",
+    "VerifyTask",
+    "WordProblemTask",
+    "make_task",
+]
 
 TAIL_LETTERS = "abcdefgh"
 #: values of ``tail_rewarded``: which well-formed answers of the tail task earn reward 1
 TAIL_REWARDED = ("reverse", "reverse+rotate")
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """A prompt and its reference answer (one answer that earns reward 1)."""
-
-    text: str
-    answer: str
-
-
-class Task:
-    """Base class: subclasses define ``alphabet``, :meth:`prompt` and :meth:`sft_answer`.
-
-    A subclass whose prompts fall into classes (true and false statements, say) also
-    defines :meth:`label`, and one whose prompts can be listed defines :meth:`eval_pool`;
-    the evaluation draw of :meth:`prompts` uses both.
-    """
-
-    name: str = ""
-    alphabet: str = ""  # every character a prompt or an answer may use
-    #: whether the reward needs the end token right after :meth:`rewarded_text` (exact
-    #: match); False for a task whose reward reads a prefix or parses free text
-    exact_match: bool = True
-    #: whether :meth:`held_out` splits the prompts
-    has_split = False
-
-    def prompt(self, rng: np.random.Generator) -> Prompt:
-        """Draw one prompt."""
-        raise NotImplementedError
-
-    def sft_answer(self, prompt: Prompt, rng: np.random.Generator) -> str:
-        """Draw the answer a warm-start example shows for ``prompt``."""
-        raise NotImplementedError
-
-    def held_out(self, prompt: Prompt) -> bool:
-        """Whether ``prompt`` belongs to the evaluation split (no split by default)."""
-        return False
-
-    def label(self, prompt: Prompt) -> str | None:
-        """The class of ``prompt`` that the evaluation draw balances, or None for a task
-        without classes (the default)."""
-        return None
-
-    def rewarded_text(self, prompt: Prompt) -> str:
-        """The text the policy is rewarded for writing in answer to ``prompt``.
-
-        The trainer reports its probability as "P(correct)".  By default the reference
-        answer; with :attr:`exact_match` the end token must follow it.
-
-        Example
-        -------
-        >>> AdditionTask().rewarded_text(Prompt("12+3=", "15"))
-        '15'
-        """
-        return prompt.answer
-
-    def rewarded_texts(self, prompt: Prompt) -> tuple[str, ...]:
-        """Spellings of :meth:`rewarded_text` that earn the same reward; no two begin with
-        the same token, so their probabilities add up (P(correct) is that sum).
-
-        Just :meth:`rewarded_text` by default.  A policy can move its probability from one
-        spelling to another (``Yes`` to ``yes``) without changing its reward; a measure of
-        one spelling alone would then read as forgetting.
-        """
-        return (self.rewarded_text(prompt),)
-
-    #: the names :meth:`solution` can return (the trainer logs each one's share)
-    solutions: tuple[str, ...] = ()
-
-    def solution(self, prompt: Prompt, completion: str) -> str | None:
-        """Which of the task's named solutions ``completion`` is, or None (no names by
-        default; see :meth:`TailTask.solution`)."""
-        return None
-
-    def eval_pool(self) -> list[Prompt] | None:
-        """Every prompt of the evaluation split in a fixed order, or None when the task
-        does not list them (too many, or not uniform; None by default).
-
-        A listed pool holds each prompt that :meth:`prompt` can draw once; within a class
-        of :meth:`label` the draw must be uniform over it, so that sampling the pool
-        without replacement keeps the task's distribution.  Without a listed pool the
-        evaluation draw takes distinct prompts as :meth:`prompt` draws them, in the task's
-        own mix of classes; a task with classes should therefore list its pool.
-        """
-        return None
-
-    def prompts(self, rng: np.random.Generator, n: int, split: str = "train") -> list[Prompt]:
-        """Draw ``n`` prompts of ``split``.
-
-        Parameters
-        ----------
-        rng : numpy.random.Generator
-            The source of randomness; the same state gives the same prompts.
-        n : int
-            How many prompts to draw.
-        split : {"train", "eval"}
-            ``"train"`` draws with replacement from the training split, with the task's own
-            mix of classes.  ``"eval"`` draws distinct prompts of the held-out split (all
-            prompts for a task without a split); for a task with classes (:meth:`label`),
-            the classes take turns, so they are balanced as far as the pool allows (a class
-            that runs out leaves its turns to the others).
-
-        Returns
-        -------
-        list of Prompt
-            ``n`` prompts; for ``split="eval"`` possibly fewer: when the held-out pool holds
-            fewer than ``n`` prompts it is returned whole, each prompt once, in an order
-            given by ``rng``.
-        """
-        if split == "eval":
-            return self._eval_prompts(rng, n)
-        out = []
-        while len(out) < n:
-            prompt = self.prompt(rng)
-            if self.held_out(prompt) == (split == "eval") or not self.has_split:
-                out.append(prompt)
-        return out
-
-    def _eval_prompts(self, rng: np.random.Generator, n: int) -> list[Prompt]:
-        """Distinct evaluation prompts, the classes taking turns (see :meth:`prompts`)."""
-        pool = self.eval_pool()
-        if pool is None:  # not listed: distinct draws of the task's own distribution
-            pool = self._distinct_draws(rng, n)
-        by_class: dict = {}
-        for prompt in pool:
-            by_class.setdefault(self.label(prompt), []).append(prompt)
-        classes = sorted(by_class, key=str)
-        queues = [[by_class[c][i] for i in rng.permutation(len(by_class[c]))]
-                  for c in (classes[i] for i in rng.permutation(len(classes)))]
-        chosen: list[Prompt] = []
-        for turn in itertools.zip_longest(*queues):  # one of each class per turn
-            if len(chosen) >= n:
-                break
-            for prompt in turn:
-                if prompt is not None and len(chosen) < n:
-                    chosen.append(prompt)
-        return [chosen[i] for i in rng.permutation(len(chosen))]
-
-    def _distinct_draws(self, rng: np.random.Generator, n: int) -> list[Prompt]:
-        """Up to ``n`` distinct held-out prompts drawn by :meth:`prompt`; stops early after
-        ``max(1000, 20 n)`` draws in a row without a new one (the pool looks used up)."""
-        seen: dict[str, Prompt] = {}
-        misses, patience = 0, max(1000, 20 * n)
-        while len(seen) < n and misses < patience:
-            prompt = self.prompt(rng)
-            if prompt.text in seen or (self.has_split and not self.held_out(prompt)):
-                misses += 1
-                continue
-            seen[prompt.text] = prompt
-            misses = 0
-        return list(seen.values())
-
-    def answer_start(self, prompt: Prompt, completion: str) -> int | None:
-        """Character offset where the rewarded answer starts in ``completion`` (None when
-        it earns no reward); the trainer measures the old probability of that token."""
-        return 0 if self.reward(prompt, completion) > 0 else None
-
-    def sft_examples(self, rng: np.random.Generator, n: int) -> list[tuple[str, str]]:
-        """Draw ``n`` (prompt text, answer text) pairs for the supervised warm start."""
-        out = []
-        for _ in range(n):
-            prompt = self.prompt(rng)
-            out.append((prompt.text, self.sft_answer(prompt, rng)))
-        return out
-
-    @staticmethod
-    def reward(prompt: Prompt, completion: str) -> float:
-        """1.0 when ``completion`` (end token already removed) equals the answer, else 0.0.
-
-        Example
-        -------
-        >>> Task.reward(Prompt("12+3=", "15"), "15"), Task.reward(Prompt("12+3=", "15"), "16")
-        (1.0, 0.0)
-        """
-        return 1.0 if completion.strip() == prompt.answer else 0.0
 
 
 class TailTask(Task):
@@ -352,237 +211,6 @@ class AdditionTask(Task):
     def sft_answer(self, prompt, rng):
         return prompt.answer
 
-
-# --- tasks for a pretrained chat model ------------------------------------------------------
-_INTEGER = re.compile(r"(?<![\d.])-?\d[\d,]*(?:\.0+)?(?!\.?\d)")
-def last_integer(text: str) -> tuple[int, int] | None:
-    """``(value, offset)`` of the last integer written in digits in ``text`` (thousands
-    commas and a ``.0`` tail allowed), or None.
-
-    Example
-    -------
-    >>> last_integer("7 + 5 = 12."), last_integer("It costs 1,200 dollars"), last_integer("no")
-    ((12, 8), (1200, 9), None)
-    """
-    found = None
-    for m in _INTEGER.finditer(text):
-        found = m
-    if found is None:
-        return None
-    digits = found.group().replace(",", "").split(".")[0]
-    return int(digits), found.start()
-
-
-class ChatTask(Task):
-    """A question in English whose answer is an integer that :meth:`parse` reads.
-
-    Reward 1 when the parsed value equals the prompt's answer (its text is the decimal
-    integer), else 0.  :meth:`held_out` puts a fifth of all prompts (by a hash of the text)
-    in the evaluation split.  The rewarded text is the sentence the warm start shows,
-    ``"The answer is N."``; the reward parses free text, so it is not exact match.
-
-    Example
-    -------
-    >>> task = SumTask()
-    >>> p = Prompt("What is 7 + 5?", "12")
-    >>> task.rewarded_text(p), task.reward(p, task.rewarded_text(p)), task.exact_match
-    ('The answer is 12.', 1.0, False)
-    """
-
-    has_split = True
-    held_out_share = 0.2
-    exact_match = False
-
-    def _held_out_pool(self, prompts) -> list[Prompt]:
-        """The prompts of ``prompts`` that belong to the evaluation split."""
-        return [p for p in prompts if self.held_out(p)]
-
-    def held_out(self, prompt):
-        digest = hashlib.sha256(prompt.text.encode()).digest()
-        return digest[0] < self.held_out_share * 256
-
-    @staticmethod
-    def parse(completion: str) -> tuple[int, int] | None:
-        """``(value, offset)`` of the answer in ``completion``; the last integer by default."""
-        return last_integer(completion)
-
-    def reward(self, prompt, completion):
-        parsed = self.parse(completion)
-        return 1.0 if parsed is not None and str(parsed[0]) == prompt.answer else 0.0
-
-    def answer_start(self, prompt, completion):
-        parsed = self.parse(completion)
-        return parsed[1] if parsed is not None and str(parsed[0]) == prompt.answer else None
-
-    def rewarded_text(self, prompt):
-        return f"The answer is {prompt.answer}."
-
-    def sft_answer(self, prompt, rng):
-        return self.rewarded_text(prompt)
-
-
-class SumTask(ChatTask):
-    """``What is a + b?`` with one-digit operands."""
-
-    name = "sum"
-
-    def prompt(self, rng):
-        a, b = (int(x) for x in rng.integers(1, 10, size=2))
-        return Prompt(f"What is {a} + {b}?", str(a + b))
-
-    def eval_pool(self):
-        return self._held_out_pool(Prompt(f"What is {a} + {b}?", str(a + b))
-                                   for a in range(1, 10) for b in range(1, 10))
-
-
-class LargerTask(ChatTask):
-    """``Which number is larger, a or b?`` with distinct two-digit numbers."""
-
-    name = "larger"
-
-    def prompt(self, rng):
-        a, b = (int(x) for x in rng.choice(np.arange(10, 100), size=2, replace=False))
-        return Prompt(f"Which number is larger, {a} or {b}?", str(max(a, b)))
-
-    def eval_pool(self):
-        return self._held_out_pool(
-            Prompt(f"Which number is larger, {a} or {b}?", str(max(a, b)))
-            for a in range(10, 100) for b in range(10, 100) if a != b)
-
-
-#: the start of an answer: leading space and markup (quotes, asterisks, underscores,
-#: backticks), then the word yes or no, not followed by more of a word
-_FIRST_YES_NO = re.compile(r"[\s\"'`*_\u201c\u201d\u2018\u2019]*(yes|no)(?![^\W_]|-)",
-                           re.IGNORECASE)
-
-
-def first_yes_no(text: str) -> tuple[int, int] | None:
-    """``(1, offset)`` when ``text`` begins with the word ``yes``, ``(0, offset)`` when it
-    begins with ``no``, else None; ``offset`` is where that word starts.
-
-    Leading white space and markup (quotes, ``*``, ``_``, backticks) are skipped, case is
-    ignored, and the word must end there: ``"Yes."``, ``"no,"`` and ``"**No**"`` count,
-    ``"Nobody"``, ``"Well, no"`` and ``"The answer is yes"`` do not.
-
-    Example
-    -------
-    >>> first_yes_no("No, it is 12. Yes."), first_yes_no(' **"Yes"**'), first_yes_no("Maybe")
-    ((0, 0), (1, 4), None)
-    >>> first_yes_no("Well, no."), first_yes_no("Nobody knows")
-    (None, None)
-    """
-    m = _FIRST_YES_NO.match(text)
-    if m is None:
-        return None
-    return int(m.group(1).lower() == "yes"), m.start(1)
-
-
-class VerifyTask(ChatTask):
-    """``Is it true that a + b = c? Answer yes or no.``, true with probability ``true_share``.
-
-    The answer must begin with the word ``yes`` or ``no`` (:func:`first_yes_no`) and be
-    right; the prompt's answer text is ``"1"`` for a true statement, ``"0"`` for a false
-    one, and :meth:`label` names the two classes ``"true"`` and ``"false"``.  The rewarded
-    text is ``"Yes"`` or ``"No"``, capitalised as SmolLM2-135M-Instruct writes it.  That
-    model tends to start with ``No``, so the rewarded ``Yes`` of a true statement starts
-    as a rare token; ``true_share=1`` makes every statement true.
-
-    Parameters
-    ----------
-    true_share : float
-        Probability that a drawn statement is true, in [0, 1].
-
-    Example
-    -------
-    >>> task = VerifyTask(true_share=0.5)
-    >>> p = Prompt("Is it true that 2 + 2 = 5? Answer yes or no.", "0")
-    >>> task.label(p), task.rewarded_text(p), task.reward(p, "No, it is 4."), task.reward(p, "Nope")
-    ('false', 'No', 1.0, 0.0)
-    """
-
-    name = "verify"
-    parse = staticmethod(first_yes_no)
-
-    def __init__(self, true_share: float = 0.75):
-        if not 0.0 <= true_share <= 1.0:
-            raise ValueError(f"true_share={true_share!r}: must be in [0, 1]")
-        self.true_share = true_share
-
-    @staticmethod
-    def _statement(a: int, b: int, c: int) -> Prompt:
-        return Prompt(f"Is it true that {a} + {b} = {c}? Answer yes or no.", str(int(a + b == c)))
-
-    def prompt(self, rng):
-        a, b = (int(x) for x in rng.integers(2, 10, size=2))
-        true = rng.random() < self.true_share
-        c = a + b if true else a + b + int(rng.choice([-3, -2, -1, 1, 2, 3]))
-        return self._statement(a, b, c)
-
-    def eval_pool(self):
-        offsets = ([0] if self.true_share > 0 else []) + (
-            [-3, -2, -1, 1, 2, 3] if self.true_share < 1 else [])
-        return self._held_out_pool(self._statement(a, b, a + b + d) for a in range(2, 10)
-                                   for b in range(2, 10) for d in offsets)
-
-    def label(self, prompt):
-        return "true" if prompt.answer == "1" else "false"
-
-    def rewarded_text(self, prompt):
-        return "Yes" if prompt.answer == "1" else "No"
-
-    def rewarded_texts(self, prompt):
-        """``Yes``, ``yes``, ``YES`` (or the same of ``No``): the grading ignores case.
-
-        Example
-        -------
-        >>> VerifyTask().rewarded_texts(Prompt("Is it true that 2 + 2 = 4?", "1"))
-        ('Yes', 'yes', 'YES')
-        """
-        word = self.rewarded_text(prompt)
-        return (word, word.lower(), word.upper())
-
-    def sft_answer(self, prompt, rng):
-        return "Yes." if prompt.answer == "1" else "No."
-
-
-_NAMES = (("Tom", "He"), ("Anna", "She"), ("Ben", "He"), ("Lucy", "She"), ("Sam", "He"),
-          ("Mia", "She"), ("Jack", "He"), ("Emma", "She"))
-_THINGS = ("apples", "stickers", "marbles", "cookies", "pencils", "cards")
-
-
-def _word_problem(rng) -> Prompt:
-    """One multi-step word problem from four templates."""
-    (name, he), (friend, _) = (_NAMES[i] for i in rng.choice(len(_NAMES), 2, replace=False))
-    thing = _THINGS[int(rng.integers(len(_THINGS)))]
-    kind = int(rng.integers(4))
-    if kind == 0:
-        a, b = int(rng.integers(3, 10)), int(rng.integers(2, 10))
-        c = int(rng.integers(1, a + b))
-        return Prompt(f"{name} has {a} {thing}. {he} buys {b} more and then gives {c} to "
-                      f"{friend}. How many {thing} does {name} have now?", str(a + b - c))
-    if kind == 1:
-        a, b = int(rng.integers(2, 6)), int(rng.integers(2, 5))
-        c = int(rng.integers(1, a * b))
-        return Prompt(f"A bag holds {a} {thing}. {name} buys {b} bags and then gives {c} "
-                      f"{thing} to {friend}. How many {thing} does {name} have left?",
-                      str(a * b - c))
-    if kind == 2:
-        a = int(rng.integers(2, 10))
-        return Prompt(f"{name} reads {a} pages on Monday and twice as many pages on Tuesday. "
-                      f"How many pages does {name} read on the two days together?", str(3 * a))
-    a = int(rng.integers(10, 30))
-    b, c = int(rng.integers(1, 8)), int(rng.integers(1, 8))
-    return Prompt(f"{name} has {a} dollars. {he} spends {b} dollars on lunch and {c} dollars "
-                  f"on a book. How many dollars does {name} have left?", str(a - b - c))
-
-
-class WordProblemTask(ChatTask):
-    """Multi-step arithmetic word problems from templates (GSM8K-like, small numbers)."""
-
-    name = "word"
-
-    def prompt(self, rng):
-        return _word_problem(rng)
 
 
 def make_task(cfg) -> Task:
