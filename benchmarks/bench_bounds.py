@@ -212,7 +212,7 @@ def exp_floor(lp: np.ndarray) -> np.ndarray:
     if _EXP is None:
         import numba
 
-        from fbands.backends._table_kernels import vexp
+        from fbands._jit.vmath import vexp
 
         @numba.njit(parallel=True, error_model="numpy")
         def kernel(x, out):
@@ -312,11 +312,11 @@ def _torch_call(backend: str, t, div: str):
     """The call a ``torch*`` row times, on the CPU tensor ``t``."""
     if backend == "torch":
         return lambda: fbands.bounds(t, DELTA, div)
-    from fbands.backends import torch_backend
+    from fbands._dispatch import compute
 
     d = fbands.get(div)
-    return lambda: torch_backend.edges(d, t, DELTA, logp=False, invalid="raise", check=True,
-                                       path=TORCH_PATHS[backend])
+    return lambda: compute("edges", d, t, DELTA, "torch", logp=False, invalid="raise",
+                           check=True, path=TORCH_PATHS[backend])
 
 
 def _print_row(row: dict) -> None:

@@ -270,11 +270,11 @@ def part_smollm2(args, work: Path) -> dict | None:
 def table_sizes() -> dict:
     """Bytes of the complete KL tables at delta 0.05 (both modes), per layout."""
     import fbands
-    from fbands.backends import numba_backend
+    from fbands.tables.build import build_tables
 
     out = {}
     for layout in ("float32", "float64"):
-        t = numba_backend.build_tables(fbands.get("kl"), 0.05, layout)
+        t = build_tables(fbands.get("kl"), 0.05, layout)
         out[layout] = sum(m.coef.nbytes + m.row_code.nbytes + m.cells_info.nbytes
                           for m in t.values())
     return out

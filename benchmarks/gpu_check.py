@@ -101,9 +101,18 @@ def ulp32(a, b) -> int:
     return int(np.max(np.where((a == b) | (np.isnan(a) & np.isnan(b)), 0, d)))
 
 
+def _torch_edges(name: str):
+    """The torch backend's ``edges`` or ``log_edges`` (``name``), with its test keywords
+    (``path``, ``capacity``, ``sync_free``: see :func:`fbands._dispatch.compute`)."""
+    from fbands import _dispatch
+
+    def edge(div, p, delta, **kw):
+        return _dispatch.compute(name, div, p, delta, "torch", **kw)
+    return edge
+
+
 def table_vs_numba(torch, dev) -> list[dict]:
     """The device-table path against numba's table path on the same log-probabilities."""
-    from fbands.backends import torch_backend
 
     rng = np.random.default_rng(0)
     lp = np.concatenate((np.log(rng.uniform(1e-12, 1.0, 20000)), np.log1p(-np.exp(
@@ -120,7 +129,7 @@ def table_vs_numba(torch, dev) -> list[dict]:
                 worst = near = 0.0
                 for check, cap, sync_free in ((True, None, False), (False, None, False),
                                               (False, None, True), (False, 64, True)):
-                    got = getattr(torch_backend, name)(
+                    got = _torch_edges(name)(
                         fbands.get(div), torch.tensor(x, device=dev), 0.05, logp=True,
                         invalid="raise", check=check, path="device-table", capacity=cap,
                         sync_free=sync_free)
@@ -149,7 +158,8 @@ def table_vs_numba(torch, dev) -> list[dict]:
 
 
 def _sync_free(edge):
-    """``edge`` (torch_backend.edges or log_edges) as a traced or captured call runs it."""
+    """``edge`` (the torch backend's edges or log_edges) as a traced or captured call runs
+    it."""
     def call(x, d, div, *, logp, check):
         return edge(fbands.get(div), x, d, logp=logp, invalid="raise", check=check,
                     sync_free=True)
@@ -157,8 +167,6 @@ def _sync_free(edge):
 
 
 def no_sync(torch, dev) -> dict:
-    from fbands.backends import torch_backend
-
     lp = torch.log(torch.rand(1 << 16, device=dev, dtype=torch.float32).clamp_min(1e-30))
     delta = torch.full_like(lp, 0.05)
     fbands.log_bounds(lp, delta, "kl", logp=True, check=False)  # warm-up outside the check
@@ -170,7 +178,7 @@ def no_sync(torch, dev) -> dict:
              ("kl, scalar delta (device-table), ratios of p", lp.exp(), 0.05, "kl", False),
              ("tv, scalar delta (device-table), log p", lp, 0.05, "tv", True)]
     for name, x, d, div, logp in cases:
-        fns = [_sync_free(edge) for edge in (torch_backend.edges, torch_backend.log_edges)]
+        fns = [_sync_free(_torch_edges(name)) for name in ("edges", "log_edges")]
         for fn in fns:
             fn(x, d, div, logp=logp, check=False)  # warm-up: tables built, copied to the device
         torch.cuda.synchronize()
@@ -216,8 +224,6 @@ def graph_capture(torch, lp) -> str:
 
 
 def throughput(torch, dev, n: int) -> dict:
-    from fbands.backends import torch_backend
-
     p = torch.rand(n, device=dev, dtype=torch.float32).clamp_(1e-7, 1.0)
 
     def timed(fn, repeat=5):
@@ -249,7 +255,7 @@ def throughput(torch, dev, n: int) -> dict:
                 continue
             # the device-table path as traced or captured calls run it, but eagerly: the
             # fixed-count solver's launches, which the host fix-up above avoids
-            edge = torch_backend.log_edges if logp else torch_backend.edges
+            edge = _torch_edges("log_edges" if logp else "edges")
             secs = timed(lambda e=edge, x=x, v=div, lg=logp: e(
                 fbands.get(v), x, 0.05, logp=lg, invalid="raise", check=False,
                 sync_free=True), repeat=2)

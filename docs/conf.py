@@ -50,6 +50,8 @@ extensions = [
     # the end of the build: the pages render their formulas with no network.
     "sphinx-mathjax-offline",
     "fbands_docs",
+    # the picture of the modules and their imports (docs/theory/implementation.md)
+    "fbands_graph",
 ]
 # Set here too (the extension also sets it): the bundled copy, never a CDN.
 mathjax_path = "mathjax/tex-chtml.js"

@@ -1,4 +1,4 @@
-"""The on-disk cache's rules for data files: a private directory, verified JSON, atomic writes.
+"""The one safe-file helper of every cache: a private directory, verified reads, atomic writes.
 
 Root: ``FBANDS_CACHE_DIR``, else ``~/.cache/fbands``.  A subdirectory is used only if it is a
 real directory (not a link) owned by this user that no one else can write (it is created with
@@ -22,7 +22,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-__all__ = ["root", "private_dir", "process_dir", "read_json", "write_json"]
+__all__ = ["root", "private_dir", "process_dir", "read_file", "holds", "write_file",
+           "read_json", "write_json"]
 
 #: Files larger than this are not read (a cache entry is a few kB).
 MAX_BYTES = 1 << 24
@@ -86,35 +87,34 @@ def _digest(data) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def read_json(path: Path, key: str):
-    """The data stored under ``key`` at ``path``, or None (missing, foreign or damaged)."""
+def read_file(path: Path, limit: int = MAX_BYTES) -> bytes | None:
+    """The bytes of the regular file ``path`` (a link is not followed), or None when it is
+    missing, unreadable or longer than ``limit``."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return None
     try:
         with os.fdopen(fd, "rb") as fh:
-            raw = fh.read(MAX_BYTES + 1)
-        if len(raw) > MAX_BYTES:
-            return None
-        obj = json.loads(raw)
-        if not isinstance(obj, dict) or obj.get("key") != key:
-            return None
-        data = obj.get("data")
-        return data if obj.get("sha256") == _digest(data) else None
-    except (OSError, ValueError, TypeError, RecursionError):
+            raw = fh.read(limit + 1)
+    except OSError:
         return None
+    return raw if len(raw) <= limit else None
 
 
-def write_json(path: Path, key: str, data) -> bool:
-    """Store ``data`` under ``key`` at ``path`` (atomically: readers never see half a file);
-    False if it could not be written."""
-    text = json.dumps({"key": key, "sha256": _digest(data), "data": data}, sort_keys=True)
+def holds(path: Path, data: bytes) -> bool:
+    """Whether ``path`` is a regular file (not a link) whose bytes are exactly ``data``."""
+    return read_file(path, len(data)) == data
+
+
+def write_file(path: Path, data: bytes) -> bool:
+    """Write ``data`` to ``path`` atomically (a reader sees the old file or the whole new
+    one, never half of it); False if it could not be written."""
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
         try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(text)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
             os.replace(tmp, path)
         except BaseException:
             os.unlink(tmp)
@@ -122,3 +122,25 @@ def write_json(path: Path, key: str, data) -> bool:
     except OSError:
         return False
     return True
+
+
+def read_json(path: Path, key: str):
+    """The data stored under ``key`` at ``path``, or None (missing, foreign or damaged)."""
+    raw = read_file(path)
+    if raw is None:
+        return None
+    try:
+        obj = json.loads(raw)
+        if not isinstance(obj, dict) or obj.get("key") != key:
+            return None
+        data = obj.get("data")
+        return data if obj.get("sha256") == _digest(data) else None
+    except (ValueError, TypeError, RecursionError):
+        return None
+
+
+def write_json(path: Path, key: str, data) -> bool:
+    """Store ``data`` under ``key`` at ``path`` (atomically, :func:`write_file`); False if
+    it could not be written."""
+    text = json.dumps({"key": key, "sha256": _digest(data), "data": data}, sort_keys=True)
+    return write_file(path, text.encode())

@@ -41,7 +41,8 @@ FILL_LOGP = -math.log(2.0)
 _DOMAIN = {False: ("p", "(0, 1]"), True: ("log p", "[-inf, 0]")}
 
 
-def _is_tensor(x: Any) -> bool:
+def is_tensor(x: Any) -> bool:
+    """Whether ``x`` is a torch tensor (without importing torch)."""
     torch = sys.modules.get("torch")  # only a loaded torch can have made x
     return torch is not None and isinstance(x, torch.Tensor)
 
@@ -50,7 +51,7 @@ def check_kind(name: str, value: Any, check: bool) -> None:
     """Refuse what no backend can read as real numbers: bools (``True`` is not a radius),
     strings, objects, sparse tensors, and (when values are to be checked) meta tensors,
     which have none."""
-    if _is_tensor(value):
+    if is_tensor(value):
         torch = sys.modules["torch"]
         if value.dtype == torch.bool or value.is_complex():
             raise BandError(f"{name} must hold real numbers, got dtype {value.dtype}")
@@ -106,7 +107,7 @@ def invalid_masks(x, d, logp: bool):
 
 
 def _host(a) -> np.ndarray:
-    if _is_tensor(a):
+    if is_tensor(a):
         return a.detach().cpu().numpy()
     return np.asarray(a)
 
@@ -234,14 +235,15 @@ class TensorInputs:
     """Validated, broadcast inputs of the torch backend on ``p``'s device, in
     :func:`work_dtype`, and the way back to the input's kind and dtype.
 
-    Nothing here reads a tensor's values on the host except the validation of
-    ``check=True``: one synchronisation, to be able to raise, which also tells whether any
-    element needs the solver's rarely used branches (:attr:`tiny`, :attr:`at_one`; the
-    values do not depend on it).  ``bad`` is the mask of invalid elements (None when
-    neither checked nor asked for).
+    Nothing here reads a tensor's values on the host but one synchronisation, when
+    ``check`` (to be able to raise) or ``probe`` (the call may wait for the device): it
+    also tells whether any element needs the solver's rarely used branches (:attr:`tiny`,
+    :attr:`at_one`; the values do not depend on it).  ``bad`` is the mask of invalid
+    elements (None when neither checked nor asked for).
     """
 
-    def __init__(self, p: Any, delta: Any, *, logp: bool, invalid: str, check: bool):
+    def __init__(self, p: Any, delta: Any, *, logp: bool, invalid: str, check: bool,
+                 probe: bool = False):
         import torch
 
         if isinstance(p, torch.Tensor):
@@ -285,14 +287,16 @@ class TensorInputs:
         floor = Q_FLOOR if work == torch.float64 else Q_FLOOR_FLOAT32
         self.inputs = band_inputs(torch, x, d, logp=logp, q_floor=floor)
         #: Whether some element needs the solver's tiny-p branch (log p below LP_CLOSED) and
-        #: its p = 1 branch: unknown (True) unless a checked call has looked.
+        #: its p = 1 branch: unknown (True) unless the synchronisation has looked.
         self.tiny = self.at_one = True
-        if check:  # the one synchronisation: to raise, and to skip the branches no one needs
+        if check or probe:  # the one synchronisation: to raise, and to skip unused branches
             lp = self.inputs.lp
-            found = torch.stack((self.bad.any(), ((lp < LP_CLOSED) & (lp > -math.inf)).any(),
+            bad = self.bad.any() if self.bad is not None else torch.zeros((), dtype=torch.bool,
+                                                                           device=lp.device)
+            found = torch.stack((bad, ((lp < LP_CLOSED) & (lp > -math.inf)).any(),
                                  (lp == 0).any()))
             any_bad, self.tiny, self.at_one = (bool(v) for v in found.tolist())
-            if any_bad and invalid == "raise":
+            if check and any_bad and invalid == "raise":
                 raise_invalid(bad_p, given[0], bad_d, given[1], logp)
 
     def finish(self, lo, hi, *, log: bool):

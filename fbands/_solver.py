@@ -30,19 +30,22 @@ Saturation is decided by ``g`` itself at ``r = 0`` and ``r = 1/p``.
 
 The method is written here twice in form but once in substance: the array form
 (:func:`solve`, for numpy and torch, every element at once) and the scalar form
-(:func:`solve_one`, one element at a time, compiled by numba into each divergence's
-generated module: see :func:`scalar_constants`).  Both take the same branches and iterate
-the same number of times on the same element (``tests/test_solver_forms.py`` checks it,
-through :func:`solve`'s ``trace`` and :func:`solve_one`'s counts).
+(:mod:`fbands._jit.scalar`, one element at a time, compiled by numba against each
+divergence's generated leaves).  Both take the same branches and iterate the same number
+of times on the same element (``tests/test_solver_forms.py`` checks it, through
+:func:`solve`'s ``trace`` and the scalar form's counts).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fbands.divergences import Divergence
+import numpy as np
+
+if TYPE_CHECKING:
+    from fbands.divergences import Divergence
 
 #: Smallest q used in the equations: p = 1 is solved as p = 1 - 1e-300, which gives the
 #: p -> 1 limit [r*, 1] exactly in float64.
@@ -347,33 +350,61 @@ def quadratic_roots(xp, a2, a1, a0):
     return r1, r2
 
 
+def closed_root(xp, upper: bool, a2, a1, a0, p, q):
+    """The root of ``a2 v^2 + a1 v + a0`` that is the edge (for a form that was not
+    squared), nan where there is none, and whether it is ill-conditioned.
+
+    Upper edge, ``v = r - 1``: the smallest root in ``(0, q/p]`` (up to :data:`TOP_SLACK`),
+    the one nearest ``r = 1``, where ``g`` increases from 0.  Lower edge, ``v = r``: the
+    largest root up to 1; one below 0 says that the ball reaches ``r = 0``.  Two roots
+    closer than :data:`NEAR_DOUBLE` makes the polynomial ill-conditioned.  The closed-form
+    pass (:mod:`fbands._jit.closed_pass`) picks its edges by the scalar form of this
+    routine too.
+    """
+    v1, v2 = quadratic_roots(xp, a2, a1, a0)
+    if upper:
+        ok1, ok2 = ((v > 0) & (v * p <= TOP_SLACK * q) for v in (v1, v2))
+        first = ok1 & (~ok2 | (v1 <= v2))
+    else:
+        ok1, ok2 = v1 <= 1, v2 <= 1
+        first = ok1 & (~ok2 | (v1 >= v2))
+    v = xp.where(first, v1, xp.where(ok2, v2, math.nan))
+    return v, a1 * a1 - 4.0 * a2 * a0 < NEAR_DOUBLE * a1 * a1
+
+
+def log_edge(xp, upper: bool, v):
+    """``log r`` from a closed form's root ``v`` (nan for a lower root below 0)."""
+    return xp.log1p(v) if upper else xp.log(v)
+
+
+def _squared_edge(fun: BandFunction, upper: bool, a2, a1, a0):
+    """The root of a squared form: of the roots inside the bracket, the one that solves
+    ``g = delta`` best (squaring may have added an extraneous one)."""
+    xp, x = fun.xp, fun.x
+    v1, v2 = quadratic_roots(xp, a2, a1, a0)
+    if upper:  # v = r - 1 in (0, q/p]
+        ok1, ok2 = ((v > 0) & (v * x.p <= TOP_SLACK * x.q) for v in (v1, v2))
+    else:  # v = r in [0, 1]
+        ok1, ok2 = ((v >= 0) & (v <= 1) for v in (v1, v2))
+    s1, s2 = log_edge(xp, upper, v1), log_edge(xp, upper, v2)
+    e1 = xp.abs(fun.value(xp.where(ok1, s1, 0.0)) - x.delta)
+    e2 = xp.abs(fun.value(xp.where(ok2, s2, 0.0)) - x.delta)
+    first = ok1 & (~ok2 | (e1 <= e2))
+    return xp.where(first, s1, xp.where(ok2, s2, math.nan))
+
+
 def _closed_edge(fun: BandFunction, edge: str):
     """Log-edge from the closed form, before saturation (nan where it has no valid root), and
-    where it needs a polish."""
+    where it needs a polish: ill-conditioned roots, and every root of a squared form (which
+    may have merged a root with its extraneous twin)."""
     xp, x = fun.xp, fun.x
     (c2, c1, c0), squared = fun.closed[edge]
     a2, a1, a0 = (c(x.p, x.q, x.delta) + 0.0 * x.p for c in (c2, c1, c0))
-    v1, v2 = quadratic_roots(xp, a2, a1, a0)
-    if edge == "upper":  # v = r - 1 in (0, q/p]
-        ok1, ok2 = ((v > 0) & (v * fun.p_over_q <= TOP_SLACK) for v in (v1, v2))
-        s1, s2 = xp.log1p(v1), xp.log1p(v2)
-    else:  # v = r in [0, 1)
-        ok1, ok2 = ((v >= 0) & (v <= 1) for v in (v1, v2))
-        s1, s2 = xp.log(v1), xp.log(v2)
+    upper = edge == "upper"
     if squared:
-        # A root of the squared equation may be extraneous: keep the one that solves g = delta.
-        e1 = xp.abs(fun.value(xp.where(ok1, s1, 0.0)) - x.delta)
-        e2 = xp.abs(fun.value(xp.where(ok2, s2, 0.0)) - x.delta)
-        first = ok1 & (~ok2 | (e1 <= e2))
-    elif edge == "upper":  # the root nearest r = 1: g increases from 0 on (1, 1/p]
-        first = ok1 & (~ok2 | (v1 <= v2))
-    else:
-        first = ok1 & (~ok2 | (v1 >= v2))
-    s = xp.where(first, s1, xp.where(ok2, s2, math.nan))
-    # Two close roots make the polynomial ill-conditioned (and squaring may have merged a
-    # root with its extraneous twin): flag those for a Newton polish on g.
-    close = (a1 * a1 - 4.0 * a2 * a0 < NEAR_DOUBLE * a1 * a1) | squared
-    return s, close
+        return _squared_edge(fun, upper, a2, a1, a0), x.p == x.p  # (all True)
+    v, close = closed_root(xp, upper, a2, a1, a0, x.p, x.q)
+    return log_edge(xp, upper, v), close
 
 
 def polish(fun: BandFunction, s, lo, hi):
@@ -547,342 +578,42 @@ def solve(div: Divergence, xp, inputs: Inputs, *, fixed_iter=None, tiny=None, at
     return s_lo, s_hi
 
 
-# ============================================================================================
-# The scalar form: the same method, one element at a time, for numba.
-#
-# numba_backend.module_source pastes the source of the functions in SCALAR_FORM into each
-# divergence's generated module, after the divergence's own definitions: its sympy-derived
-# leaf functions (F_near, F_far, dF, and upper_a2 ... lower_a0 where it has closed forms) and
-# the constants of scalar_constants(div).  Below, those names are stubs, so that this file
-# reads, imports and lints as ordinary Python; the functions themselves are the ones numba
-# compiles.  Each one mirrors the array function named in its docstring, step for step.
-# ============================================================================================
+# ----------------------------------------------------------------------------- numpy
+
+#: The array namespace the generated kernels and the solver are bound to.
+NAMESPACE = {
+    "exp": np.exp,
+    "expm1": np.expm1,
+    "log": np.log,
+    "log1p": np.log1p,
+    "sqrt": np.sqrt,
+    "sinh": np.sinh,
+    "cosh": np.cosh,
+    "sign": np.sign,
+    "abs": np.abs,
+    "where": np.where,
+    "minimum": np.minimum,
+    "maximum": np.maximum,
+    "isfinite": np.isfinite,
+}
 
 
-def scalar_constants(div: Divergence) -> dict[str, float | int | bool]:
-    """The divergence as the scalar form reads it: numbers and flags, for literals."""
-    d = div.derivation
-    curv = div.curvature
-    tail0_kind, tail0_a, tail0_k = 0, math.nan, math.nan
-    if d.tail0 is not None:
-        A, k, m, _ = d.tail0
-        if m == 0 and k < 0:
-            tail0_kind, tail0_a, tail0_k = 1, A, k
-        elif m == 1 and k == 0 and A < 0:
-            tail0_kind, tail0_a, tail0_k = 2, A, k
-    tail_inf = d.tail_inf if d.tail_inf is not None and d.tail_inf[0] > 0 else None
-    A, k, m, B = tail_inf if tail_inf is not None else (math.nan,) * 4
-    src = div.sources
-    return {
-        "F0": float(div.f0),
-        "CURVATURE": float(curv) if math.isfinite(curv) and curv > 0 else 1.0,
-        "FPRIME_INF": float(div.fprime_inf),
-        "NEAR_DIFFERS": src["F_near"] != src["F_far"],
-        "HAS_UPPER": d.upper is not None,
-        "HAS_LOWER": d.lower is not None,
-        "UPPER_SQUARED": bool(d.upper is not None and d.upper.squared),
-        "LOWER_SQUARED": bool(d.lower is not None and d.lower.squared),
-        "TAIL0_KIND": tail0_kind,
-        "TAIL0_A": float(tail0_a),
-        "TAIL0_K": float(tail0_k),
-        "HAS_TAIL_INF": tail_inf is not None,
-        "TAIL_INF_A": float(A),
-        "TAIL_INF_K": float(k),
-        "TAIL_INF_M": float(m),
-        "TAIL_INF_B": float(B),
-    }
+class Namespace:
+    """An array namespace from a mapping of names to functions."""
+
+    def __init__(self, table):
+        self.__dict__.update(table)
 
 
-# Stubs of the generated names (see above); never called here.
-F0 = CURVATURE = FPRIME_INF = TAIL0_A = TAIL0_K = math.nan
-TAIL_INF_A = TAIL_INF_K = TAIL_INF_M = TAIL_INF_B = math.nan
-NEAR_DIFFERS = HAS_UPPER = HAS_LOWER = UPPER_SQUARED = LOWER_SQUARED = HAS_TAIL_INF = False
-TAIL0_KIND = 0
-NEAR = 0.5
+#: numpy as the solver reads it.
+NUMPY = Namespace(NAMESPACE)
 
 
-def _stub(*args):  # pragma: no cover - replaced in every generated module
-    raise NotImplementedError("a leaf of the scalar form: defined by the generated module")
-
-
-F_near = F_far = dF = _stub
-upper_a2 = upper_a1 = upper_a0 = lower_a2 = lower_a1 = lower_a0 = _stub
-
-# The band function g, for the three equations (BandFunction, TinyUpper, AtOne).
-BAND, TINY_UPPER, LIMIT_AT_ONE = 0, 1, 2
-
-
-def fmin(a, b):
-    """``numpy.minimum`` of two floats: nan wins."""
-    return a if (a < b or a != a) else b
-
-
-def fmax(a, b):
-    """``numpy.maximum`` of two floats: nan wins."""
-    return a if (a > b or a != a) else b
-
-
-def F(s):
-    """``F(s) = f(e^s)`` (``Divergence.kernels``: the near form for ``|s| < NEAR``)."""
-    if NEAR_DIFFERS and abs(s) < NEAR:
-        return F_near(s)
-    return F_far(s)
-
-
-def log1mexp_one(z):
-    """:func:`log1mexp` of one float."""
-    if z > -LN2:
-        return math.log(-math.expm1(z))
-    return math.log1p(-math.exp(z))
-
-
-def s_c_one(s, lp, lq, poq):
-    """``BandFunction.s_c``."""
-    xc = -poq * math.expm1(s)
-    if xc > -0.5:
-        return math.log1p(xc)
-    return log1mexp_one(fmin(lp + s, 0.0)) - lq
-
-
-def times_one(w, c):
-    """``BandFunction._times``: ``w * c`` with ``0 * inf = 0``."""
-    if math.isfinite(c):
-        return w * c
-    return math.inf if w > 0 else 0.0
-
-
-def tiny_terms(w, lp):
-    """``TinyUpper._T``: ``(T(w), T'(w))``."""
-    scale = math.exp(TAIL_INF_K * w + (1.0 - TAIL_INF_K) * lp)
-    if TAIL_INF_M == 0:
-        T = TAIL_INF_A * scale
-        return T, TAIL_INF_K * T
-    T = scale * (TAIL_INF_A * (w - lp) + TAIL_INF_B)
-    return T, TAIL_INF_K * T + TAIL_INF_A * scale
-
-
-def value_and_slope_one(kind, s, lp, lq, p, q, poq):
-    """``value_and_slope`` of BandFunction (``kind`` BAND), TinyUpper or AtOne."""
-    if kind == LIMIT_AT_ONE:
-        return F(s) - math.expm1(s) * FPRIME_INF, dF(s) - math.exp(s) * FPRIME_INF
-    if kind == TINY_UPPER:
-        sc = log1mexp_one(fmin(s, 0.0))
-        T, dT = tiny_terms(s, lp)
-        if sc == -math.inf:
-            return T + F0, math.inf
-        return T + F(sc), dT - math.exp(s - sc) * dF(sc)
-    sc = s_c_one(s, lp, lq, poq)
-    if sc == -math.inf:
-        return p * F(s) + q * F0, math.inf
-    return p * F(s) + q * F(sc), p * (dF(s) - math.exp(s - sc) * dF(sc))
-
-
-def complement_one(kind, s, lp, lq, poq):
-    """``complement`` of BandFunction (``kind`` BAND) or TinyUpper: ``(s_c, ds/ds_c)``."""
-    if kind == TINY_UPPER:
-        sc = log1mexp_one(fmin(s, 0.0))
-        return sc, -math.exp(sc - s)
-    sc = s_c_one(s, lp, lq, poq)
-    return sc, -math.exp(sc - s) / poq
-
-
-def from_complement_one(kind, sc, lp, lq):
-    """``from_complement`` of BandFunction or TinyUpper."""
-    if kind == TINY_UPPER:
-        return log1mexp_one(fmin(sc, -1e-300)) if sc < 0 else math.nan
-    return math.log1p(-math.exp(sc + lq)) - lp
-
-
-def newton_one(kind, upper, s, lo, hi, lp, lq, p, q, poq, delta):
-    """:func:`newton_edge` for one element: ``(root, iterations)``."""
-    sign = 1.0 if upper else -1.0
-    for it in range(1, MAX_ITER + 1):
-        g, slope = value_and_slope_one(kind, s, lp, lq, p, q, poq)
-        r = g - delta
-        if not (sign * r <= 0):
-            hi = s
-        else:
-            lo = s
-        num = math.log(g / delta) * g if g > FAR_ABOVE * delta else r
-        step = num / slope
-        cand = s - step
-        small = abs(step) <= STEP_TOL * abs(s)
-        if upper and kind != LIMIT_AT_ONE:
-            sc, ds_dsc = complement_one(kind, s, lp, lq, poq)
-            if sc < -LN2:
-                step_c = num / (slope * ds_dsc)
-                cand = fmin(from_complement_one(kind, sc - step_c, lp, lq), hi * JUST_BELOW)
-                small = (abs(step_c) <= STEP_TOL * abs(sc)
-                         or abs(cand - s) <= STEP_TOL * abs(s))
-        inside = cand > lo and cand < hi
-        alo, ahi = fmax(abs(lo), 1.0), fmax(abs(hi), 1.0)
-        far = lo * hi >= 0 and (alo > GEOMETRIC_SPLIT * ahi or ahi > GEOMETRIC_SPLIT * alo)
-        if not math.isfinite(lo):
-            mid = hi - fmax(abs(hi), 1.0)
-        elif far:
-            mid = math.copysign(1.0, lo + hi) * math.sqrt(alo * ahi)
-        else:
-            mid = 0.5 * (lo + hi)
-        converged = r == 0 or (small and math.isfinite(r) and math.isfinite(slope)
-                               and slope != 0)
-        converged = converged or hi - lo <= BRACKET_TOL * fmax(abs(hi), WIDTH_FLOOR)
-        s = fmin(fmax(cand, lo), hi) if (converged or inside) else mid
-        if converged:
-            return s, it
-    return math.nan, MAX_ITER
-
-
-def lower_tail_one(lp, delta):
-    """:func:`_lower_tail` (nan where f has no usable tail at 0)."""
-    if TAIL0_KIND == 1:
-        return (math.log(delta / TAIL0_A) - lp) / TAIL0_K
-    if TAIL0_KIND == 2:
-        return -math.exp(math.log(delta / -TAIL0_A) - lp)
-    return math.nan
-
-
-def initial_guess_one(upper, lp, poq, delta):
-    """:func:`_initial_guess`."""
-    w = math.sqrt(2.0 * delta / (CURVATURE * poq))
-    if upper:
-        return fmin(math.log1p(w), -0.5 * lp)
-    if w < TAIL_SWITCH:
-        return math.log1p(-w)
-    if TAIL0_KIND == 0:
-        return -w
-    return fmin(lower_tail_one(lp, delta), -1.0)
-
-
-def quadratic_roots_one(a2, a1, a0):
-    """:func:`quadratic_roots`."""
-    disc = a1 * a1 - 4.0 * a2 * a0
-    disc = fmax(disc, 0.0) if disc >= -NEGATIVE_DISC * a1 * a1 else math.nan
-    root = math.sqrt(disc) if disc == disc else math.nan
-    t = -0.5 * (a1 + (root if a1 >= 0 else -root))
-    if a2 == 0:
-        return -a0 / a1, -a0 / a1
-    return t / a2, a0 / t
-
-
-def closed_edge_one(upper, lp, lq, p, q, poq, delta):
-    """:func:`_closed_edge`: ``(log-edge, needs a polish)``."""
-    if upper:
-        a2, a1, a0 = upper_a2(p, q, delta), upper_a1(p, q, delta), upper_a0(p, q, delta)
-        squared = UPPER_SQUARED
-    else:
-        a2, a1, a0 = lower_a2(p, q, delta), lower_a1(p, q, delta), lower_a0(p, q, delta)
-        squared = LOWER_SQUARED
-    a2, a1, a0 = a2 + 0.0, a1 + 0.0, a0 + 0.0
-    v1, v2 = quadratic_roots_one(a2, a1, a0)
-    if upper:
-        ok1 = v1 > 0 and v1 * poq <= TOP_SLACK
-        ok2 = v2 > 0 and v2 * poq <= TOP_SLACK
-        s1 = math.log1p(v1) if v1 > -1 else math.nan
-        s2 = math.log1p(v2) if v2 > -1 else math.nan
-    else:
-        ok1 = v1 >= 0 and v1 <= 1
-        ok2 = v2 >= 0 and v2 <= 1
-        s1 = math.log(v1) if v1 > 0 else (-math.inf if v1 == 0 else math.nan)
-        s2 = math.log(v2) if v2 > 0 else (-math.inf if v2 == 0 else math.nan)
-    if squared:
-        e1 = abs(value_and_slope_one(BAND, s1 if ok1 else 0.0, lp, lq, p, q, poq)[0] - delta)
-        e2 = abs(value_and_slope_one(BAND, s2 if ok2 else 0.0, lp, lq, p, q, poq)[0] - delta)
-        first = ok1 and ((not ok2) or e1 <= e2)
-    elif upper:
-        first = ok1 and ((not ok2) or v1 <= v2)
-    else:
-        first = ok1 and ((not ok2) or v1 >= v2)
-    s = s1 if first else (s2 if ok2 else math.nan)
-    close = (a1 * a1 - 4.0 * a2 * a0 < NEAR_DOUBLE * a1 * a1) or squared
-    return s, close
-
-
-def polish_one(s, lo, hi, lp, lq, p, q, poq, delta):
-    """:func:`polish`."""
-    g, slope = value_and_slope_one(BAND, s, lp, lq, p, q, poq)
-    cand = s - (g - delta) / slope
-    if cand >= lo and cand <= hi and math.isfinite(s):
-        return cand
-    return s
-
-
-def edge_one(upper, lo, hi, lp, lq, p, q, poq, delta):
-    """:func:`_edge`: ``(log-edge before saturation, how, iterations)``."""
-    has_closed = HAS_UPPER if upper else HAS_LOWER
-    if not has_closed or lp < LP_CLOSED:
-        s0 = initial_guess_one(upper, lp, poq, delta)
-        s, n = newton_one(BAND, upper, s0, lo, hi, lp, lq, p, q, poq, delta)
-        return s, NEWTON, n
-    s, close = closed_edge_one(upper, lp, lq, p, q, poq, delta)
-    if close:
-        return polish_one(s, lo, hi, lp, lq, p, q, poq, delta), POLISHED, 0
-    return s, CLOSED, 0
-
-
-def tiny_one(lp, delta):
-    """:func:`_solve_tiny`: ``(log lower, log upper, upper's iterations)``."""
-    s_hi, n = math.nan, 0
-    if HAS_TAIL_INF:
-        m_term = math.log(-lp) if TAIL_INF_M != 0 else 0.0
-        w0 = (math.log(delta / TAIL_INF_A) - (1.0 - TAIL_INF_K) * lp - m_term) / TAIL_INF_K
-        w0 = fmin(w0, -LN2)
-        w, n = newton_one(TINY_UPPER, True, w0, -math.inf, 0.0, lp, 0.0, 0.0, 1.0, 0.0, delta)
-        if tiny_terms(0.0, lp)[0] + F0 <= delta:
-            w = 0.0
-        s_hi = w - lp
-    if math.isfinite(F0):
-        return -math.inf, s_hi, n
-    return lower_tail_one(lp, delta), s_hi, n
-
-
-def at_one_one(delta):
-    """:func:`_solve_at_one`: ``(log lower edge at p = 1, iterations)``."""
-    if math.isinf(FPRIME_INF):
-        return 0.0, 0
-    if F0 + FPRIME_INF <= 0:  # pragma: no cover - excluded by convexity
-        return -math.inf, 0
-    s, n = newton_one(LIMIT_AT_ONE, False, -0.1, -math.inf, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0,
-                      delta)
-    if F0 + FPRIME_INF <= delta:
-        return -math.inf, n
-    return fmin(s, 0.0), n
-
-
-def solve_one(lp, lq, p, q, delta):
-    """:func:`solve` for one element: ``(log lower, log upper, how lower, how upper,
-    iterations lower, iterations upper)``."""
-    if lp == 0:
-        s_lo, n_lo = at_one_one(delta)
-        return s_lo, 0.0, AT_ONE, AT_ONE, n_lo, 0
-    if lp < LP_TINY:
-        s_lo, s_hi, n_hi = tiny_one(lp, delta)
-        return s_lo, s_hi, TINY, TINY, 0, n_hi
-    poq = math.exp(lp - lq)
-    top = -lp
-    if p * F(-lp) + times_one(q, F0) <= delta:
-        s_hi, how_hi, n_hi = top, SATURATED, 0
-    else:
-        s_hi, how_hi, n_hi = edge_one(True, 0.0, top, lp, lq, p, q, poq, delta)
-        s_hi = fmin(fmax(s_hi, 0.0), top)
-    if times_one(p, F0) + q * F(-lq) <= delta:
-        s_lo, how_lo, n_lo = -math.inf, SATURATED, 0
-    else:
-        s_lo, how_lo, n_lo = edge_one(False, -math.inf, 0.0, lp, lq, p, q, poq, delta)
-        s_lo = fmin(s_lo, 0.0)
-    return s_lo, s_hi, how_lo, how_hi, n_lo, n_hi
-
-
-#: The scalar form, in dependency order: what numba_backend pastes into generated modules.
-SCALAR_FORM = (
-    fmin, fmax, F, log1mexp_one, s_c_one, times_one, tiny_terms, value_and_slope_one,
-    complement_one, from_complement_one, newton_one, lower_tail_one, initial_guess_one,
-    quadratic_roots_one, closed_edge_one, polish_one, edge_one, tiny_one, at_one_one,
-    solve_one,
-)
-#: The module-level names of this file the scalar form reads (copied as literals).
-SCALAR_SHARED = (
-    "STEP_TOL", "BRACKET_TOL", "WIDTH_FLOOR", "MAX_ITER", "FAR_ABOVE", "GEOMETRIC_SPLIT",
-    "TAIL_SWITCH", "NEGATIVE_DISC", "NEAR_DOUBLE", "TOP_SLACK", "JUST_BELOW", "LN2",
-    "SATURATED", "CLOSED", "POLISHED", "NEWTON", "TINY", "AT_ONE", "LP_TINY", "LP_CLOSED",
-    "BAND", "TINY_UPPER", "LIMIT_AT_ONE",
-)
+def lower_limit_at_one(div: Divergence, delta: float) -> float:
+    """``lim_{p -> 1}`` of the lower edge (see :meth:`fbands.Divergence.lower_limit_at_one`),
+    by the array solver on numpy at ``p = 1``."""
+    x = Inputs(np.zeros(1), np.full(1, math.log(Q_FLOOR)), np.ones(1), np.full(1, Q_FLOOR),
+               np.full(1, float(delta)))
+    with np.errstate(all="ignore"):
+        s_lo, _ = solve(div, NUMPY, x)
+    return float(np.exp(s_lo[0]))

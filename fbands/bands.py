@@ -1,83 +1,19 @@
-"""The one door: :func:`bounds` and :func:`log_bounds`, and the one decision of how a band
-is computed: :func:`choose_path`.
+"""The one door: :func:`bounds` and :func:`log_bounds`.
 
-They check the input's kind, pick a backend from the input's type, and the backend picks
-its path with :func:`choose_path`; the input contract itself (validation, broadcasting,
-error messages) is :mod:`fbands._inputs`.  The result has the input's type, shape and dtype.
+Both hand the call to :func:`fbands._dispatch.compute`, which decides how it is computed
+(:func:`fbands._dispatch.plan`, one decision table) and calls the backend's
+implementation; the input contract itself (validation, broadcasting, error messages) is
+:mod:`fbands._inputs`.  The result has the input's type, shape and dtype.
 """
 
 from __future__ import annotations
 
-import importlib
-import sys
 from typing import Any
 
-import numpy as np
+from fbands._dispatch import BACKENDS, PATHS, compute
+from fbands.divergences import Divergence
 
-from fbands._inputs import (  # noqa: F401  (NumpyInputs, invalid_masks, raise_invalid: re-exported)
-    NumpyInputs,
-    check_kind,
-    invalid_masks,
-    raise_first,
-    raise_invalid,
-    scalar_delta,
-    valid_delta,
-    work_dtype,
-)
-from fbands._optional import raise_missing
-from fbands.divergences import Divergence, get
-from fbands.errors import BandError
-
-__all__ = ["bounds", "log_bounds", "choose_path", "BACKENDS", "PATHS"]
-
-#: The old private name of :func:`fbands._inputs.raise_first` (fbands.calibrate uses it).
-_raise_first = raise_first
-
-#: Backend name -> module implementing ``log_edges(div, p, delta, *, logp, invalid, check)``.
-BACKENDS = {
-    "numpy": "fbands.backends.numpy_backend",
-    "numba": "fbands.backends.numba_backend",
-    "torch": "fbands.backends.torch_backend",
-    "cvxpy": "fbands.backends.cvxpy_backend",
-}
-
-_INVALID = ("raise", "nan")
-
-
-def _is_tensor(x: Any) -> bool:
-    torch = sys.modules.get("torch")  # only a loaded torch can have made x
-    return torch is not None and isinstance(x, torch.Tensor)
-
-
-def _is_float_tensor(x: Any) -> bool:
-    return _is_tensor(x) and x.is_floating_point()
-
-
-def _backend_module(name: str, p: Any):
-    if name == "auto":
-        if _is_tensor(p):
-            name = "torch"
-        else:
-            name = "numba" if _numba_usable() else "numpy"
-    if name not in BACKENDS:
-        raise BandError(f"unknown backend {name!r}; choose one of {['auto', *BACKENDS]}")
-    if _is_tensor(p) and name != "torch":
-        raise BandError(f"backend {name!r} takes numpy arrays or floats, not torch tensors")
-    try:
-        return importlib.import_module(BACKENDS[name])
-    except ModuleNotFoundError as exc:  # numba (a core dependency) gone: say how to restore it
-        raise_missing(exc, f"backend {name!r}")
-        raise
-
-
-def _numba_usable() -> bool:
-    if BACKENDS["numba"] in sys.modules:  # (a dict lookup: torch.compile traces it)
-        return True
-    try:
-        importlib.import_module(BACKENDS["numba"])
-    except ImportError:
-        return False
-    return True
+__all__ = ["bounds", "log_bounds", "BACKENDS", "PATHS"]
 
 
 def log_bounds(
@@ -104,7 +40,7 @@ def log_bounds(
     >>> (hi + [-1e4, -50.0]).round(6).tolist()   # log(p r): v = p r = 1 - exp(-delta)
     [-3.020628, -3.020628]
     """
-    return _dispatch("log_edges", p, delta, div, backend, logp, invalid, check)
+    return compute("log_edges", div, p, delta, backend, logp=logp, invalid=invalid, check=check)
 
 
 def bounds(
@@ -150,7 +86,7 @@ def bounds(
     check : bool
         Validate the input.  ``False`` skips the checks (and, on torch, the host
         synchronisation they cost); invalid elements then give unspecified values.  It
-        never changes how the band is computed (:func:`choose_path` decides that).  On a
+        never changes how the band is computed (:func:`fbands._dispatch.plan` decides that).  On a
         GPU with one scalar ``delta``, an eager call synchronises once anyway, to solve
         the few elements the tables leave on the host; traced by ``torch.compile`` or
         captured in a CUDA graph it does not, and solves them on the device through a
@@ -183,138 +119,4 @@ def bounds(
     >>> round(lo, 4), round(hi, 4)
     (0.0025, 7.8098)
     """
-    return _dispatch("edges", p, delta, div, backend, logp, invalid, check)
-
-
-def _dispatch(method, p, delta, div, backend, logp, invalid, check):
-    if invalid not in _INVALID:
-        raise BandError(f"invalid must be one of {_INVALID}, got {invalid!r}")
-    for name, value in (("p", p), ("delta", delta)):
-        check_kind(name, value, check)
-    d = get(div)
-    module = _backend_module(backend, p)
-    return getattr(module, method)(d, p, delta, logp=logp, invalid=invalid, check=check)
-
-
-# ----------------------------------------------------------------------------- paths
-
-#: numba: the closed forms of both edges, chosen and clamped without a branch, in one pass.
-CLOSED_PASS = "closed-pass"
-#: numba: the interpolation tables of the (divergence, delta) pair, in one pass.
-TABLE = "table"
-#: numba or numpy: every element by the exact solver (closed form or safeguarded Newton,
-#: refined in extended precision where float64 cannot resolve a lower edge).
-EXACT = "exact"
-#: torch: a CPU tensor handed to the numba backend through a numpy view (which then takes
-#: one of the three paths above).
-NUMBA = "numba"
-#: torch: the tables read by torch operations on the tensor's device; the elements they
-#: leave are solved on the host after one synchronisation, or, where the call may not
-#: synchronise (traced, or captured in a CUDA graph), by the fixed-count solver on the device.
-DEVICE_TABLE = "device-table"
-#: torch: the exact fixed-count solver on every element (no host synchronisation).
-DEVICE_SOLVER = "device-solver"
-#: The paths of each backend.
-PATHS = {
-    "numpy": (EXACT,),
-    "cvxpy": (EXACT,),
-    "numba": (CLOSED_PASS, TABLE, EXACT),
-    "torch": (NUMBA, DEVICE_TABLE, DEVICE_SOLVER),
-}
-
-
-def choose_path(backend: str, div: Divergence, p: Any, delta: Any, *, logp: bool, log: bool,
-                path: str | None = None) -> str:
-    """How ``backend`` computes the band of ``p`` at ``delta``: the one place that decides it.
-
-    The choice depends on the divergence, the input's type, dtype and device, the kind of
-    ``delta`` and the output (``log``: log-edges), never on the data's values, on ``check``
-    or on any global setting.  In order, first match wins (the same table is in the docs,
-    ``docs/theory/implementation.md``):
-
-    ========  ==================================================================  ==============
-    backend   when                                                                path
-    ========  ==================================================================  ==============
-    numpy     always                                                              exact
-    numba     float32/float64 array of size > 0, one valid scalar ``delta``,       closed-pass
-              ratios of ``p`` (neither ``logp`` nor ``log``), closed forms of
-              both edges with no squaring (``numba_backend.has_closed_pass``)
-    numba     float32/float64 array of size > 0, one valid scalar ``delta``        table
-    numba     otherwise (per-element ``delta``, a scalar ``p``, other dtypes,      exact
-              an invalid ``delta``)
-    torch     ``path`` given (tests, benchmarks): that path, if it applies         ``path``
-    torch     floating CPU tensor, ``delta`` not on another device, numba          numba
-              installed, not being traced by ``torch.compile``
-    torch     floating tensor with values (not meta), one valid scalar ``delta``    device-table
-              (a number on the host), a device with float64 (not MPS), numba
-              installed (it builds the tables)
-    torch     otherwise (per-element ``delta`` tensor, MPS, no numba)              device-solver
-    ========  ==================================================================  ==============
-
-    Within a path, elements are treated apart by value, never by a choice of path: ``p = 1``
-    and ``log p = -inf`` take their limits, the elements a pass or a table cannot vouch for
-    go to the exact solver (a fixed-count one, with a static capacity, on devices:
-    :data:`fbands.backends.torch_backend.CAPACITY`), and the lower edges that float64
-    cannot resolve are refined in extended precision (numpy and numba).
-
-    ``path`` forces one of the torch paths (:data:`PATHS`); a :class:`BandError` says why when
-    it does not apply to the input.
-    """
-    if backend == "numba":
-        d = scalar_delta(delta)
-        if (
-            d is None
-            or not valid_delta(d)
-            or not isinstance(p, np.ndarray)
-            or p.dtype not in (np.float32, np.float64)
-            or p.size == 0
-        ):
-            return EXACT
-        from fbands.backends.numba_backend import has_closed_pass
-
-        return CLOSED_PASS if not (logp or log) and has_closed_pass(div) else TABLE
-    if backend != "torch":
-        return EXACT
-    reasons = {NUMBA: _why_not_numba(p, delta), DEVICE_TABLE: _why_not_device_table(p, delta),
-               DEVICE_SOLVER: None}
-    if path is not None:
-        if path not in reasons:
-            raise BandError(f"unknown path {path!r} for torch; choose one of {PATHS['torch']}")
-        if reasons[path] is not None:
-            raise BandError(f"path {path!r} does not apply: {reasons[path]}")
-        return path
-    return next(name for name, why in reasons.items() if why is None)
-
-
-def _traced() -> bool:
-    torch = sys.modules["torch"]
-    return torch.compiler.is_compiling()
-
-
-def _why_not_numba(p, delta) -> str | None:
-    """Why a CPU tensor cannot go to numba (None: it can)."""
-    if not _is_float_tensor(p) or p.device.type != "cpu":
-        return "p is not a floating-point CPU tensor"
-    if _is_tensor(delta) and delta.device.type != "cpu":
-        return "delta is on another device"
-    if not _numba_usable():
-        return "numba is not installed"
-    if _traced():
-        return "torch.compile is tracing the call"
-    return None
-
-
-def _why_not_device_table(p, delta) -> str | None:
-    """Why the tables cannot be read on p's device (None: they can)."""
-    if not _is_float_tensor(p):
-        return "p is not a floating-point tensor"
-    if p.is_meta:
-        return "a meta tensor has no values to read the tables with"
-    d = scalar_delta(delta)
-    if d is None or not valid_delta(d):
-        return "delta is not one valid number (a radius per element takes the solver)"
-    if work_dtype(p.device) != sys.modules["torch"].float64:
-        return f"{p.device.type} has no float64 (the tables are read in float64)"
-    if not _numba_usable():
-        return "numba is not installed (it builds the tables)"
-    return None
+    return compute("edges", div, p, delta, backend, logp=logp, invalid=invalid, check=check)

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from fbands.bands import _raise_first
+from fbands._inputs import raise_first
 from fbands.divergences import Divergence, get
 from fbands.errors import BandError
 
@@ -113,12 +113,12 @@ def calibrate_delta(
         raise BandError(f"eps of shape {e.shape} does not broadcast against p of shape "
                         f"{x.shape}") from err
     top = 1.0 if side == "lower" else math.inf
-    _raise_first(~((e >= 0) & (e <= top)), e, "eps", "[0, 1]" if side == "lower" else "[0, inf)")
-    _raise_first(~((x > 0) & (x <= 1)), x, "p", "(0, 1]")
+    raise_first(~((e >= 0) & (e <= top)), e, "eps", "[0, 1]" if side == "lower" else "[0, inf)")
+    raise_first(~((x > 0) & (x <= 1)), x, "p", "(0, 1]")
     with np.errstate(all="ignore"):
         out = _radius(divergence, e, x, side)
     if unreachable == "raise":
-        _raise_first(np.isposinf(out) & (side == "upper"), e, "eps",
+        raise_first(np.isposinf(out) & (side == "upper"), e, "eps",
                "reach of the band (1 + eps <= 1/p)")
     return float(out) if scalar else out
 

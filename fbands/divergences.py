@@ -111,9 +111,9 @@ class Divergence:
         """
         if not delta > 0:
             raise DivergenceError(f"delta must be > 0, got {delta!r}")
-        from fbands.bands import bounds
+        from fbands._solver import lower_limit_at_one
 
-        return bounds(1.0, float(delta), self, backend="numpy")[0]
+        return lower_limit_at_one(self, delta)
 
     @cached_property
     def mpmath_f(self):
@@ -184,7 +184,7 @@ class Divergence:
         dF = symbolic.bind(src["dF"], ns)
         closed = {}
         d = self.derivation
-        for edge, cf in (("upper", d.upper), ("lower", d.lower)):
+        for edge, cf in (("upper", d.upper), ("lower", d.lower), ("lower_y", d.lower_y)):
             if cf is not None:
                 fns = [symbolic.bind(src[f"{edge}_a{i}"], ns) for i in (2, 1, 0)]
                 closed[edge] = (fns, cf.squared)

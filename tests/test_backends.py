@@ -77,15 +77,15 @@ def cpu_kernel(request):
 
 def _torch(log: bool, cpu_kernel: str):
     """bounds / log_bounds of tensors on the path ``cpu_kernel`` names."""
-    from fbands import bands
-    from fbands.backends import torch_backend
+    from fbands import _dispatch as bands
 
     def fn(p, delta, div):
         path = None
         if cpu_kernel == "torch":
             per_token = isinstance(delta, torch.Tensor)
             path = bands.DEVICE_SOLVER if per_token else bands.DEVICE_TABLE
-        edges = torch_backend.log_edges if log else torch_backend.edges
+        def edges(*args, log=log, **kw):
+            return bands.compute("log_edges" if log else "edges", *args, backend="torch", **kw)
         return edges(fbands.get(div), p, delta, logp=False, invalid="raise", check=True,
                      path=path)
 

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 import fbands
 from fbands import _solver
+from fbands._dispatch import PATHS, choose_path
+from fbands._inputs import NumpyInputs
 from fbands.backends import numpy_backend
-from fbands.bands import NumpyInputs
 
 from . import _user as user
 from . import reference as ref
@@ -347,7 +348,7 @@ def _tensor(x, **kw):
     return torch.tensor(x, **kw)
 
 
-#: The decision table of fbands.bands.choose_path (and of docs/theory/implementation.md),
+#: The decision table of choose_path (and of docs/theory/implementation.md),
 #: row by row: (backend, divergence, p, delta, logp, log) -> path.
 PATH_TABLE = [
     ("numpy", "kl", lambda: F64, 0.05, False, False, "exact"),
@@ -369,15 +370,15 @@ PATH_TABLE = [
 
 @pytest.mark.parametrize("backend, div, p, delta, logp, log, path", PATH_TABLE)
 def test_choose_path_follows_the_decision_table(backend, div, p, delta, logp, log, path):
-    got = fbands.bands.choose_path(backend, fbands.get(div), p(), delta, logp=logp, log=log)
+    got = choose_path(backend, fbands.get(div), p(), delta, logp=logp, log=log)
     assert got == path
-    assert got in fbands.bands.PATHS[backend]
+    assert got in PATHS[backend]
 
 
 def test_choose_path_forces_torch_paths_only_where_they_apply():
     kl = fbands.get("kl")
     p = _tensor(F64)
-    choose = fbands.bands.choose_path
+    choose = choose_path
     assert choose("torch", kl, p, 0.05, logp=False, log=False, path="device-table") \
         == "device-table"
     assert choose("torch", kl, p, p, logp=False, log=False, path="device-solver") \

@@ -89,7 +89,7 @@ def test_docstring_examples_get_their_module_namespace():
     setup = "\n".join(line[3:] for line in lines[2:-2])
     namespace: dict = {}
     exec(setup, namespace)  # what the doctest builder runs before the examples
-    assert namespace["NumpyInputs"] is fbands.bands.NumpyInputs
+    assert namespace["compute"] is fbands.bands.compute
     other = ["Doc."]
     fbands_docs.module_namespace_for_doctests(None, "function", "fbands.bounds", None, {}, other)
     fbands_docs.module_namespace_for_doctests(None, "module", "numpy", None, {}, other)

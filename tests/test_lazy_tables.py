@@ -1,4 +1,4 @@
-"""Tables built cell by cell (numba_backend.TableSet): a new radius builds only what its data
+"""Tables built cell by cell (fbands.tables.build.TableSet): a new radius builds only what its data
 reaches, and the result is the same as from a complete table and from the exact solver."""
 
 from __future__ import annotations
@@ -9,11 +9,15 @@ import pytest
 import fbands
 
 nb = pytest.importorskip("fbands.backends.numba_backend")
+from fbands.tables import layout as _table_layout  # noqa: E402
+from fbands.tables.build import TableSet  # noqa: E402
+from fbands.tables.cache import TABLES  # noqa: E402
 
 
 @pytest.fixture
 def fresh(monkeypatch):
-    monkeypatch.setattr(nb, "_TABLES", type(nb._TABLES)())
+    monkeypatch.setattr(TABLES, "_sets", type(TABLES._sets)())
+    monkeypatch.setattr(TABLES, "_derived", {})
 
 
 def _exact(p, delta, div, log=False, logp=False):
@@ -35,7 +39,7 @@ def test_a_new_radius_builds_the_cells_its_data_reaches(fresh, div, user_diverge
     rng = np.random.default_rng(1)
     p = np.exp(rng.uniform(np.log(1e-3), np.log(0.2), 5000))  # a few binades only
     got = fbands.log_bounds(p, delta, div, backend="numba")
-    ts = nb.table_set(d, delta, "float64")
+    ts = TABLES.table_set(d, delta, "float64")
     n_built = int(ts.built.sum())
     assert 2 < n_built < ts.built.size // 10
     for g, w in zip(got, _exact(p, delta, div, log=True), strict=True):
@@ -59,16 +63,16 @@ def test_a_new_radius_builds_the_cells_its_data_reaches(fresh, div, user_diverge
 
 def test_a_cell_built_alone_equals_the_complete_tables(fresh):
     d = fbands.get("kl")
-    ts = nb.table_set(d, 0.05, "float32")
+    ts = TABLES.table_set(d, 0.05, "float32")
     p = np.linspace(0.3, 0.31, 100).astype(np.float32)
     ts.cover(p, False)
     partial = ts.modes
-    full = nb.TableSet(d, 0.05, "float32").complete()
+    full = TableSet(d, 0.05, "float32").complete()
     out = {}
     for name, tabs in (("partial", partial), ("full", full)):
         tab = tabs[True]
         lo, hi = np.empty_like(p), np.empty_like(p)
-        left = nb._read_table(tab, p, False, True, 0.0, 0.0, lo, hi)
+        left = nb._read(tab, p, False, True, 0.0, 0.0, lo, hi)
         assert left.size == 0
         out[name] = (lo, hi)
     np.testing.assert_array_equal(out["partial"][0], out["full"][0])
@@ -84,19 +88,19 @@ def test_half_rows_with_an_exp_are_refined_when_the_radius_comes_back(fresh):
     p = np.exp(rng.uniform(np.log(1e-6), np.log(1e-3), 20000))  # KL's r_lo ~ exp(-delta/p)
     want = _exact(p, delta, "kl")
     got = fbands.bounds(p, delta, "kl", backend="numba")
-    ts = nb.table_set(d, delta, "float64")
+    ts = TABLES.table_set(d, delta, "float64")
     provisional = np.nonzero(ts.provisional)[0]
     assert provisional.size > 0
-    _, extra = nb._table_layout.unpack_info(ts.modes[False].cells_info)
+    _, extra = _table_layout.unpack_info(ts.modes[False].cells_info)
     assert np.all(extra[provisional] == 1)
     for g, w in zip(got, want, strict=True):  # (an ulp of a subnormal edge is more)
         assert np.all(np.abs(g - w) <= np.maximum(1e-12 * w, np.spacing(w)))
     got = fbands.bounds(p, delta, "kl", backend="numba")
     assert not ts.provisional.any()
-    _, extra = nb._table_layout.unpack_info(ts.modes[False].cells_info)
-    assert np.all(extra[provisional] == nb._table_layout.SUBBITS[-1])
+    _, extra = _table_layout.unpack_info(ts.modes[False].cells_info)
+    assert np.all(extra[provisional] == _table_layout.SUBBITS[-1])
     for g, w in zip(got, want, strict=True):
         assert np.all(np.abs(g - w) <= np.maximum(1e-12 * w, np.spacing(w)))
-    complete = nb.TableSet(d, delta, "float64")
+    complete = TableSet(d, delta, "float64")
     complete.complete()
     assert complete.is_complete and not complete.provisional.any()

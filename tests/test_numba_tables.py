@@ -29,8 +29,13 @@ from . import reference as ref
 from ._speed import registry
 
 pytest.importorskip("numba")
+from fbands._jit.codegen import has_closed_pass  # noqa: E402
 from fbands._solver import LP_CLOSED  # noqa: E402
-from fbands.backends import _table_kernels, _table_layout, numba_backend  # noqa: E402
+from fbands.backends import numba_backend  # noqa: E402
+from fbands.tables import kernels as _table_kernels  # noqa: E402
+from fbands.tables import layout as _table_layout  # noqa: E402
+from fbands.tables.build import LAYOUTS  # noqa: E402
+from fbands.tables.cache import TABLES  # noqa: E402
 
 DIVS = list(ref.TABLE)
 pytestmark = pytest.mark.usefixtures("user_divergence")  # tests/_user.py
@@ -121,7 +126,7 @@ def _left_to_the_exact_solver(x, delta, div, *, logp, log):
     """Share of ``x`` the table pass and the finishing of exp rows leave to the exact
     solver."""
     d = user.get(div)
-    tab = numba_backend.tables(d, delta, x.dtype.name)[log]
+    tab = TABLES.complete(d, delta, x.dtype.name)[log]
     lo, hi = np.empty_like(x), np.empty_like(x)
     bad = np.empty(-(-x.size // _table_kernels.BLOCK), np.int64)
     closed = LP_CLOSED if logp else math.exp(LP_CLOSED)
@@ -199,7 +204,7 @@ def test_the_layout_decodes_what_it_encodes():
 
 def _saturating_closed(name: str) -> bool:
     d = user.get(name)
-    return numba_backend.has_closed_pass(d) and math.isfinite(d.f0)
+    return has_closed_pass(d) and math.isfinite(d.f0)
 
 
 SATURATING_CLOSED = [d for d in DIVS if _saturating_closed(d)]
@@ -234,8 +239,8 @@ def test_closed_pass_next_to_the_lower_edges_saturation(div):
 @pytest.mark.slow  # six table pairs
 def test_every_row_code_is_valid_and_the_exact_share_is_small():
     for div in ("kl", "tv", "js"):
-        for layout in numba_backend.LAYOUTS:
-            for log, tab in numba_backend.tables(fbands.get(div), 0.05, layout).items():
+        for layout in LAYOUTS:
+            for log, tab in TABLES.complete(fbands.get(div), 0.05, layout).items():
                 assert tab.exact_fraction < 0.01, (div, layout, log)
                 rows = tab.coef.size // _table_layout.ROW
                 assert tab.row_code.size == rows
@@ -262,10 +267,10 @@ def test_invalid_elements_of_a_large_array():
 
 def test_tables_are_cached_per_divergence_delta_and_layout():
     d = fbands.get("kl")
-    a = numba_backend.tables(d, 0.05, "float32")
-    assert numba_backend.tables(d, 0.05, "float32") is a
-    assert numba_backend.tables(d, 0.05, "float64") is not a
-    assert numba_backend.tables(d, 0.06, "float32") is not a
+    a = TABLES.complete(d, 0.05, "float32")
+    assert TABLES.complete(d, 0.05, "float32") is a
+    assert TABLES.complete(d, 0.05, "float64") is not a
+    assert TABLES.complete(d, 0.06, "float32") is not a
 
 
 # slow: 20-170 s a divergence (torch solving 1500 points four ways); the quick loop reads
@@ -278,7 +283,7 @@ def test_torch_reads_the_same_tables(div):
     are solved by each backend's own exact solver.)  p reaches down to 1e-150, through
     the rows of exponentiated log-edges."""
     torch = pytest.importorskip("torch")
-    from fbands.backends import torch_backend
+    from fbands._dispatch import compute
 
     d = user.get(div)
     p = sample_p(3, 1500)
@@ -287,7 +292,8 @@ def test_torch_reads_the_same_tables(div):
     for x, logp in ((p, False), (lp, True)):
         for log in (False, True):
             fn = fbands.log_bounds if log else fbands.bounds
-            solve = torch_backend.log_edges if log else torch_backend.edges
+            def solve(d, t, delta, log=log, **kw):
+                return compute("log_edges" if log else "edges", d, t, delta, "torch", **kw)
             want = fn(x, 0.05, div, backend="numba", logp=logp)
             t = torch.from_numpy(x)
             opts = dict(logp=logp, invalid="raise", check=True)
@@ -305,7 +311,7 @@ def test_probability_one_takes_its_limit_in_the_fast_passes(monkeypatch):
     def no_exact_path(*args, **kwargs):
         raise AssertionError("p == 1 went to the exact path")
 
-    monkeypatch.setattr(numba_backend, "solve_exact", no_exact_path)
+    monkeypatch.setattr(numba_backend, "exact", no_exact_path)
     for div in ("kl", "reverse_kl", "tv", "chi2"):
         for log in (False, True):
             fn = fbands.log_bounds if log else fbands.bounds

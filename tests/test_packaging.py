@@ -183,7 +183,7 @@ def test_wheel_holds_every_module_and_the_core_metadata(dists):
     names = set(zipfile.ZipFile(dists["wheel"]).namelist())
     missing = _package_sources() - names
     assert not missing, f"not in the wheel: {sorted(missing)}"
-    assert "fbands/backends/_numba_template.py" in names  # the numba kernels' template
+    assert "fbands/_jit/scalar.py" in names  # copied beside each divergence's leaves
     (meta_name,) = [n for n in names if n.endswith(".dist-info/METADATA")]
     meta = zipfile.ZipFile(dists["wheel"]).read(meta_name).decode()
     assert re.search(r"^Version: (.+)$", meta, re.M).group(1) == fbands.__version__
@@ -255,10 +255,10 @@ def test_numpy_and_numba_backends_answer(env):
 def test_compile_cache_is_reused_and_unwritable_falls_back(env, tmp_path):
     code = """
         import json, numpy as np, numba, fbands
-        from fbands.backends import numba_backend
+        from fbands._jit import loader
         lo, hi = fbands.bounds(np.array([0.01, 0.5]), np.array([0.05, 0.05]), "tv",
                                backend="numba")
-        mod = numba_backend.kernels(fbands.get("tv"))
+        mod = loader.kernels(fbands.get("tv"))
         jitted = numba.core.dispatcher.Dispatcher
         stats = [d.stats for d in vars(mod).values() if isinstance(d, jitted)]
         print(json.dumps({"band": [*lo, *hi], "hits": sum(len(s.cache_hits) for s in stats),

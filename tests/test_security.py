@@ -259,25 +259,26 @@ def _run(code: str, env: dict) -> subprocess.CompletedProcess:
 def test_a_planted_kernel_module_is_replaced_not_run(tmp_path):
     """Whoever predicts the generated module's name and plants a file there gets it
     overwritten with fbands' own text before anything is imported."""
-    from fbands.backends import numba_backend
+    from fbands._jit import loader
 
     cache = tmp_path / "cache"
     marker = tmp_path / "PWNED"
     env = {"FBANDS_CACHE_DIR": str(cache)}
-    name = _run("from fbands.backends import numba_backend as nb; import fbands; nb.cache_dir();"
-                "src = nb.module_source(fbands.get('tv'));"
-                "import hashlib; print(hashlib.sha256(src.encode()).hexdigest()[:32])", env)
+    name = _run("from fbands._jit import loader; import fbands; loader.cache_dir();"
+                "d = fbands.get('tv'); print(loader._package_name(d, loader.package_files(d)))",
+                env)
     assert name.returncode == 0, name.stderr
-    digest = name.stdout.strip()
     folder = cache / "numba"
     assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
-    planted = folder / f"fbands_tv_{digest}.py"
+    package = folder / name.stdout.strip()
+    package.mkdir(mode=0o700)
+    planted = package / "leaves.py"
     planted.write_text(f"open({str(marker)!r}, 'w').close()\n")
     out = _run("import numpy as np, fbands;"
                "print(fbands.bounds(np.array([0.5]), 0.05, 'tv', backend='numba'))", env)
     assert out.returncode == 0, out.stderr
     assert not marker.exists()
-    assert planted.read_text() == numba_backend.module_source(fbands.get("tv"))
+    assert planted.read_bytes() == loader.package_files(fbands.get("tv"))["leaves.py"]
 
 
 def test_an_unsafe_cache_directory_is_not_used(tmp_path):
@@ -285,7 +286,7 @@ def test_an_unsafe_cache_directory_is_not_used(tmp_path):
     (cache / "numba").mkdir(parents=True)
     os.chmod(cache / "numba", 0o777)  # anyone could have planted files here
     code = ("import numpy as np, fbands, warnings;"
-            "from fbands.backends import numba_backend as nb;"
+            "from fbands._jit import loader as nb;"
             "print(nb.cache_dir());"
             "print(fbands.bounds(np.array([0.5]), 0.05, 'tv', backend='numba')[1][0])")
     out = _run(code, {"FBANDS_CACHE_DIR": str(cache)})
@@ -303,7 +304,7 @@ def test_an_unwritable_cache_root_falls_back_cleanly(tmp_path):
     else:
         target = tmp_path / "ro"
         target.mkdir(mode=0o500)
-    code = ("import numpy as np, fbands; from fbands.backends import numba_backend as nb;"
+    code = ("import numpy as np, fbands; from fbands._jit import loader as nb;"
             "d = nb.cache_dir(); import os; print(d, oct(os.stat(d).st_mode & 0o777));"
             "print(fbands.bounds(np.array([0.5]), 0.05, 'tv', backend='numba')[1][0])")
     t0 = time.monotonic()

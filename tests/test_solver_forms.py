@@ -22,7 +22,7 @@ from . import reference as ref
 from ._speed import registry
 
 pytest.importorskip("numba")
-from fbands.backends import numba_backend  # noqa: E402
+from fbands._jit import loader  # noqa: E402
 
 DIVS = list(ref.TABLE)
 pytestmark = pytest.mark.usefixtures("user_divergence")  # tests/_user.py
@@ -53,7 +53,7 @@ def test_array_and_scalar_forms_take_the_same_steps(div):
     n = x.lp.size
     s_lo, s_hi = np.empty(n), np.empty(n)
     how, iters = np.empty((n, 2), np.int64), np.empty((n, 2), np.int64)
-    numba_backend.kernels(d).trace_arrays(x.lp, x.lq, x.p, x.q, x.delta, s_lo, s_hi, how,
+    loader.kernels(d).trace_arrays(x.lp, x.lq, x.p, x.q, x.delta, s_lo, s_hi, how,
                                           iters)
     # The regimes every divergence has occur (saturation, closed forms: where it has them).
     seen = set(how_lo.astype(int)) | set(how_hi.astype(int))

@@ -1,4 +1,4 @@
-"""The numba tables on disk (fbands/backends/_table_store.py): reused, verified, bounded."""
+"""The band tables on disk (fbands/tables/store.py): reused, verified, bounded."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ import pytest
 
 import fbands
 
-nb = pytest.importorskip("fbands.backends.numba_backend")
-from fbands.backends import _table_layout, _table_store  # noqa: E402
+pytest.importorskip("fbands.backends.numba_backend")
+from fbands.tables import cache  # noqa: E402
+from fbands.tables import layout as _table_layout  # noqa: E402
+from fbands.tables import store as _table_store  # noqa: E402
+from fbands.tables.cache import TABLES  # noqa: E402
 
 DIV, DELTA, LAYOUT = "tv", 0.05, "float32"
 
@@ -20,27 +23,28 @@ DIV, DELTA, LAYOUT = "tv", 0.05, "float32"
 @pytest.fixture
 def store(tmp_path, monkeypatch):
     monkeypatch.setenv("FBANDS_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(nb, "_TABLES", type(nb._TABLES)())
+    monkeypatch.setattr(TABLES, "_sets", type(TABLES._sets)())
+    monkeypatch.setattr(TABLES, "_derived", {})
     return tmp_path / "cache" / "tables"
 
 
 @pytest.fixture
 def builds(monkeypatch):
     calls = []
-    real = nb.build_tables
+    real = cache.build_tables
 
     def build(*args, **kwargs):
         calls.append(args)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(nb, "build_tables", build)
+    monkeypatch.setattr(cache, "build_tables", build)
     return calls
 
 
 def _fresh_process_tables():
     """What a new process sees: nothing in memory, the directory on disk."""
-    nb._TABLES.clear()
-    return nb.tables(fbands.get(DIV), DELTA, LAYOUT)
+    TABLES.clear()
+    return TABLES.complete(fbands.get(DIV), DELTA, LAYOUT)
 
 
 def _same(a, b):
@@ -101,6 +105,6 @@ def test_the_key_follows_the_kernels_delta_and_layout():
 
 def test_old_archives_are_evicted(store, monkeypatch):
     monkeypatch.setattr(_table_store, "MAX_FILES", 1)
-    nb.tables(fbands.get(DIV), DELTA, LAYOUT)
-    nb.tables(fbands.get(DIV), 0.07, LAYOUT)
+    TABLES.complete(fbands.get(DIV), DELTA, LAYOUT)
+    TABLES.complete(fbands.get(DIV), 0.07, LAYOUT)
     assert len(list(store.glob("*.npz"))) == 1 and len(list(store.glob("*.json"))) == 1

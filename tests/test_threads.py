@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import fbands
-from fbands.backends import _threads
+from fbands._jit import threads as _threads
 
 torch = pytest.importorskip("torch")
 

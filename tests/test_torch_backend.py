@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fbands  # noqa: E402
-from fbands import bands  # noqa: E402
+from fbands import _dispatch as bands  # noqa: E402
 from fbands.backends import torch_backend  # noqa: E402
 
 
@@ -30,9 +30,8 @@ def _call(log, p, delta, div="kl", *, path, logp=False, invalid="raise", check=T
     would take (tables for one scalar radius, the solver for a radius per element)."""
     if path == "device":
         path = bands.DEVICE_SOLVER if isinstance(delta, torch.Tensor) else bands.DEVICE_TABLE
-    fn = torch_backend.log_edges if log else torch_backend.edges
-    return fn(fbands.get(div), p, delta, logp=logp, invalid=invalid, check=check, path=path,
-              **kw)
+    return bands.compute("log_edges" if log else "edges", fbands.get(div), p, delta, "torch",
+                         logp=logp, invalid=invalid, check=check, path=path, **kw)
 
 
 def _bounds(path):
@@ -247,8 +246,8 @@ def test_device_table_path_equals_numba(div, dtype):
 
 def test_beyond_the_capacity_nan_never_a_wrong_edge():
     """More elements for the solver than the sync-free buffer holds: the first ``capacity``
-    are solved, the rest are nan (never the table's unchecked value); when the call may
-    synchronise (check=True, or not sync-free) every one is solved."""
+    are solved, the rest are nan (never the table's unchecked value), checked or not; when
+    the call may synchronise (not sync-free) every one is solved."""
     rng = np.random.default_rng(3)
     tiny = rng.uniform(-900.0, -151.0, 40)  # log p below LP_CLOSED: all for the solver
     # p == 1 and p -> 0 are limits that need no solver: the only leftovers are the tiny p
@@ -257,18 +256,18 @@ def test_beyond_the_capacity_nan_never_a_wrong_edge():
     for log in (False, True):
         want = (fbands.log_bounds if log else fbands.bounds)(x, 0.05, "kl", backend="numba",
                                                               logp=True)
-        for check, sync_free in ((True, True), (False, False)):
+        for check in (True, False):
             got = _call(log, t, 0.05, "kl", path=bands.DEVICE_TABLE, logp=True, check=check,
-                        capacity=8, sync_free=sync_free)
+                        capacity=8, sync_free=False)
             _same_as_numba(got, want, np.float64, log)
-        got = _call(log, t, 0.05, "kl", path=bands.DEVICE_TABLE, logp=True, check=False,
-                    capacity=8, sync_free=True)
-        solved = np.ones(x.size, dtype=bool)
-        solved[32 + 8: 32 + 40] = False  # the tiny ones past the first 8
-        for g, w in zip(got, want, strict=True):
-            g = g.numpy()
-            assert np.isnan(g[~solved]).all() and not np.isnan(g[solved]).any()
-            assert _rel(g[solved], w[solved]) <= 1e-12
+            got = _call(log, t, 0.05, "kl", path=bands.DEVICE_TABLE, logp=True, check=check,
+                        capacity=8, sync_free=True)
+            solved = np.ones(x.size, dtype=bool)
+            solved[32 + 8: 32 + 40] = False  # the tiny ones past the first 8
+            for g, w in zip(got, want, strict=True):
+                g = g.numpy()
+                assert np.isnan(g[~solved]).all() and not np.isnan(g[solved]).any()
+                assert _rel(g[solved], w[solved]) <= 1e-12
 
 
 def test_capacity_is_documented_and_bounded():
@@ -295,13 +294,14 @@ def test_check_false_gives_the_values_of_check_true(path, div):
 def test_check_does_not_choose_the_path(monkeypatch):
     """check=False skips validation and nothing more: the same path runs."""
     seen = []
-    original = bands.choose_path
+    original = bands.plan
 
-    def spy(*args, **kwargs):
-        seen.append(original(*args, **kwargs))
-        return seen[-1]
+    def spy(*args, **kwargs):  # the paths of each plan: torch's, and numba's under it
+        got = original(*args, **kwargs)
+        seen.extend(path for path in (got.path, got.inner) if path is not None)
+        return got
 
-    monkeypatch.setattr(bands, "choose_path", spy)
+    monkeypatch.setattr(bands, "plan", spy)
     p = torch.rand(100, dtype=torch.float64) * 0.9 + 0.05
     runs = {}
     for check in (True, False):
@@ -358,7 +358,7 @@ def test_device_paths_read_nothing_on_the_host_when_compiled(path, monkeypatch):
         _call(log, lp, delta, "kl", path=path, logp=True, check=False)  # warm: tables, kernels
     want = {log: _call(log, lp, delta, "kl", path=path, logp=True) for log in (False, True)}
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    assert torch_backend.must_not_sync(lp.device)
+    assert bands.must_not_sync(lp.device)
     syncs = _Syncs(monkeypatch)
     got = {}
     for log in (False, True):
@@ -379,7 +379,7 @@ def test_eager_device_table_solves_the_leftovers_on_the_host(monkeypatch):
     where the fixed-count solver on the device takes tens of thousands."""
     lp = _sample_lp()
     _call(True, lp, 0.05, "kl", path=bands.DEVICE_TABLE, logp=True, check=False)
-    assert not torch_backend.must_not_sync(lp.device)
+    assert not bands.must_not_sync(lp.device)
     syncs = _Syncs(monkeypatch)
     _call(True, lp, 0.05, "kl", path=bands.DEVICE_TABLE, logp=True, check=False)
     assert syncs.calls == ["tolist", "numpy"]  # the count, and the leftovers' copy
@@ -406,8 +406,8 @@ def test_device_paths_compile_with_fullgraph(path):
     kl = fbands.get("kl")  # the registry lookup stays outside the graph
 
     def band(lp, delta):
-        return torch_backend.log_edges(kl, lp, delta, logp=True, invalid="raise",
-                                       check=False, path=path)
+        return bands.compute("log_edges", kl, lp, delta, "torch", logp=True, invalid="raise",
+                             check=False, path=path)
 
     lp = torch.log(torch.tensor([0.01, 0.3, 0.9, 1.0], dtype=torch.float64))
     lp = torch.cat((lp, torch.tensor([-200.0, -math.inf], dtype=torch.float64)))
@@ -424,13 +424,13 @@ def test_a_new_radius_on_the_device_path_builds_only_what_its_data_reaches():
     far (none), solves the rest on the host and builds their cells there; the radius's
     second call builds its complete tables (what a traced call reads).  Both agree with
     the numba backend."""
-    from fbands.backends import numba_backend
+    from fbands.tables.cache import TABLES
 
     kl, d = fbands.get("kl"), 0.0611  # a radius no other test uses
     lp = torch.log(torch.from_numpy(_sample_p(9, 300)))
     want = fbands.log_bounds(lp.numpy(), np.full(lp.shape, d), "kl", backend="numba",
                              logp=True)
-    ts = numba_backend.table_set(kl, d, "float64")
+    ts = TABLES.table_set(kl, d, "float64")
     assert ts.is_empty
     for complete in (False, True):
         got = _call(True, lp, d, "kl", path=bands.DEVICE_TABLE, logp=True, check=False)

@@ -22,8 +22,8 @@ from collections.abc import Callable
 import numpy as np
 import sympy
 
+from fbands._inputs import NumpyInputs
 from fbands._optional import require
-from fbands.bands import NumpyInputs
 from fbands.divergences import Divergence, get
 from fbands.errors import DivergenceError
 
@@ -163,15 +163,9 @@ def _solve(div, x: NumpyInputs):
     return lo, hi
 
 
-def log_edges(div, p, delta, *, logp, invalid, check):
+def exact(div, p, delta, *, logp, invalid, check, log):
+    """The band of every element by two conic programs (the cvxpy backend's one path)."""
     x = NumpyInputs(p, delta, logp=logp, invalid=invalid, check=check)
     lo, hi = _solve(div, x)
     with np.errstate(divide="ignore"):
-        return x.finish(np.log(lo), np.log(hi), log=True)
-
-
-def edges(div, p, delta, *, logp, invalid, check):
-    x = NumpyInputs(p, delta, logp=logp, invalid=invalid, check=check)
-    lo, hi = _solve(div, x)
-    with np.errstate(divide="ignore"):
-        return x.finish(np.log(lo), np.log(hi), log=False)
+        return x.finish(np.log(lo), np.log(hi), log=log)

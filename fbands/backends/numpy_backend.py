@@ -8,33 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from fbands._solver import LP_TINY, BandFunction, Inputs, solve
-from fbands.bands import NumpyInputs
-
-#: The array namespace the generated kernels and the solver are bound to.
-NAMESPACE = {
-    "exp": np.exp,
-    "expm1": np.expm1,
-    "log": np.log,
-    "log1p": np.log1p,
-    "sqrt": np.sqrt,
-    "sinh": np.sinh,
-    "cosh": np.cosh,
-    "sign": np.sign,
-    "abs": np.abs,
-    "where": np.where,
-    "minimum": np.minimum,
-    "maximum": np.maximum,
-    "isfinite": np.isfinite,
-}
-
-
-class _Namespace:
-    def __init__(self, table):
-        self.__dict__.update(table)
-
-
-xp = _Namespace(NAMESPACE)
+from fbands._inputs import NumpyInputs
+from fbands._solver import LP_TINY, NAMESPACE, BandFunction, Inputs, Namespace, solve
+from fbands._solver import NUMPY as xp
 
 
 def solve_log_edges(div, x: NumpyInputs):
@@ -92,7 +68,7 @@ def _root_error(fun: BandFunction, s):
 #: float64 (Windows, macOS) the tier is skipped.
 EXTENDED = np.longdouble
 #: The kernels in :data:`EXTENDED`, with their constants (log 2, ...) to 30 digits.
-xp_extended = _Namespace({**NAMESPACE, "from_decimal": EXTENDED})
+xp_extended = Namespace({**NAMESPACE, "from_decimal": EXTENDED})
 #: Newton steps in the extended type from the float64 root.  The tier can only succeed where
 #: its error bound, the float64 one times eps_ext / eps_64 (1/2048 for 80-bit), is below the
 #: threshold (1e-14 for float64 output), so the float64 root it starts from is good to
@@ -220,13 +196,8 @@ def _secant_root(mp, h, guess: float, digits: int):
     return (a + b) / 2  # pragma: no cover - converges well within the limit
 
 
-def log_edges(div, p, delta, *, logp, invalid, check):
+def exact(div, p, delta, *, logp, invalid, check, log):
+    """The band of every element by the array solver (the numpy backend's one path)."""
     x = NumpyInputs(p, delta, logp=logp, invalid=invalid, check=check)
     lo, hi = solve_log_edges(div, x)
-    return x.finish(lo, hi, log=True)
-
-
-def edges(div, p, delta, *, logp, invalid, check):
-    x = NumpyInputs(p, delta, logp=logp, invalid=invalid, check=check)
-    lo, hi = solve_log_edges(div, x)
-    return x.finish(lo, hi, log=False)
+    return x.finish(lo, hi, log=log)

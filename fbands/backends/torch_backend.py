@@ -1,23 +1,25 @@
 """torch backend: the band on tensors, on any device, with at most one host synchronisation.
 
-Which way a call is computed is decided by :func:`fbands.bands.choose_path` (the table is in
+Which way a call is computed is decided by :func:`fbands._dispatch.plan` (the table is in
 its docstring and in the docs' implementation notes); this module carries out the three
-torch paths:
+torch paths, and :func:`fbands._dispatch.compute` calls them:
 
 * ``numba``: a CPU tensor is handed to the numba backend (:mod:`.numba_backend`) through a
   zero-copy numpy view (bf16 and fp16 through a float64 copy): on a CPU its passes are much
   faster than elementwise torch kernels, and they agree with them to 1e-12.
-* ``device-table`` (a tensor and one scalar ``delta``: the usual call on a GPU): the numba
-  backend's interpolation tables for the (divergence, delta) pair, copied to the device
-  once, are read with torch operations (:func:`_table_edges`: bit fields, gathers and two
-  Horner chains, a few dozen elementwise kernels).  The elements the tables leave (rows
-  marked exact, ``log p < LP_CLOSED``) are solved in one of two ways.  Eagerly, one
+* ``device-table`` (a tensor and one scalar ``delta``: the usual call on a GPU): the
+  interpolation tables of the (divergence, delta) pair (:mod:`fbands.tables`), copied to
+  the device once, are read with torch operations (:mod:`fbands.tables.torch_reader`: bit
+  fields, gathers and two Horner chains, a few dozen elementwise kernels).  The elements
+  the tables leave (rows marked exact, ``log p < LP_CLOSED``) are solved in one of two
+  ways.  Eagerly, one
   synchronisation counts them (and, with ``check=True``, the invalid input), and the
   numba backend solves them on the host (:func:`_fix_up_on_host`): a count and two small
   copies, where the fixed-count solver costs tens of thousands of kernel launches.  An
-  eager call reads a radius's tables as far as they are built (:func:`_tables_so_far`),
-  and the host fix-up builds the cells its leftovers reach.  While
-  ``torch.compile`` traces the call or a CUDA graph is captured (:func:`must_not_sync`),
+  eager call reads a radius's tables as far as they are built
+  (:func:`fbands.tables.torch_reader.device_table`), and the host fix-up builds the cells
+  its leftovers reach.  While ``torch.compile`` traces the call or a CUDA graph is captured
+  (:func:`fbands._dispatch.must_not_sync`),
   nothing synchronises: the leftovers are gathered by ``torch.nonzero_static`` into a
   buffer of static size :func:`capacity` and solved by the fixed-count solver on the
   device (:func:`_fix_up`); should more elements need it than the buffer holds, those
@@ -28,14 +30,16 @@ torch paths:
   instead of a data-dependent stop: a fixed graph of elementwise kernels, with no host
   synchronisation (it traces under ``torch.compile(fullgraph=True)``).
 
-Tests and benchmarks force a path with the ``path`` keyword of :func:`edges` and
-:func:`log_edges` (for instance the device path on CPU tensors, which is how the tests run
-every CUDA path here); ``check`` only switches validation, never the path.
+Tests and benchmarks force a path with the ``path`` keyword of
+:func:`fbands._dispatch.compute` (for instance the device path on CPU tensors, which is how
+the tests run every CUDA path here); ``check`` only switches validation, never the path.
 
 Common to all:
 
 * **Validation** (:class:`fbands._inputs.TensorInputs`, the one input contract of every
   backend): ``check=True`` costs one synchronisation (``bad.any()``), to be able to raise.
+  An eager call waits for the device at most once: the device-solver path uses that wait
+  (or, unchecked, one of its own) to skip the solver branches no element needs.
 * **Precision.**  The work is done in float64 (float32 on devices without float64, such as
   Apple's MPS) and the result is cast back to the input's dtype once, so bfloat16 and
   float16 inputs get correctly rounded edges.
@@ -63,21 +67,21 @@ try:
 except ModuleNotFoundError as exc:
     raise_missing(exc, "the torch backend")
 
-from fbands import bands
 from fbands._inputs import (
     TensorInputs,
     finish_edges,
     invalid_masks,
     raise_invalid,
-    scalar_delta,
     work_dtype,
 )
-from fbands._solver import LP_CLOSED, BandFunction, Inputs, solve
+from fbands._solver import BandFunction, Inputs, solve
 from fbands.errors import BandError
+from fbands.tables import torch_reader
+from fbands.tables.cache import TABLES
 
 __all__ = [
     "MIN_CAPACITY", "NEWTON_STEPS", "ImplicitEdges", "TorchNamespace", "capacity",
-    "compute_dtype", "edges", "log_edges",
+    "device_solver", "device_table", "to_numpy", "with_grad",
 ]
 
 #: Newton steps per edge of the fixed-count solver.  Enough for every built-in divergence
@@ -97,10 +101,6 @@ def capacity(n: int) -> int:
     """Size of the sync-free fix-up buffer for ``n`` elements: all of them up to
     :data:`MIN_CAPACITY`, then one in :data:`CAPACITY_SHARE`."""
     return min(n, max(MIN_CAPACITY, -(-n // CAPACITY_SHARE)))
-
-
-#: The work dtype of a device (the name this module always had).
-compute_dtype = work_dtype
 
 
 class TorchNamespace:
@@ -157,7 +157,7 @@ def _kernels(div, dtype: torch.dtype):
     Plain attribute and dict lookups are all that ``torch.compile`` has to trace once the
     kernels exist; the first call for a divergence derives them with sympy, which dynamo
     cannot trace: an eager call first (on the device-table path, a radius's second eager
-    call, which binds them with its complete tables: see :func:`_tables`).
+    call, which binds them with its complete tables: see :func:`device_table`).
     """
     table = div.__dict__.get("_torch_kernels")
     if table is None:
@@ -178,35 +178,39 @@ def solve_log_edges(div, x: Inputs, *, tiny: bool = True, at_one: bool = True):
                  fixed_iter=NEWTON_STEPS, tiny=tiny, at_one=at_one)
 
 
-def _run_numba(div, p, delta, *, logp, invalid, check, log):
-    """The ``numba`` path: a CPU tensor through a numpy view, and back."""
-    from fbands.backends import numba_backend
-
-    # float32 and float64 as a view (no copy); bf16 and fp16, which numpy lacks, in float64,
-    # so that the edges are rounded to them once
+def to_numpy(p, delta):
+    """The ``numba`` path's way to the numba backend and back: ``(x, radius, back)``, a
+    numpy view of the CPU tensor ``p`` (bf16 and fp16, which numpy lacks, through float64,
+    so that their edges are rounded once), ``delta`` on the host, and the function that
+    turns the numba backend's edges into tensors of ``p``'s dtype."""
     native = p.dtype in (torch.float32, torch.float64)
     x = (p.detach() if native else p.detach().to(torch.float64)).numpy()
     if isinstance(delta, torch.Tensor):
         delta = delta.detach().to(torch.float64).numpy()
-    fn = numba_backend.log_edges if log else numba_backend.edges
-    lo, hi = fn(div, x, delta, logp=logp, invalid=invalid, check=check)
-    lo, hi = torch.from_numpy(np.asarray(lo)), torch.from_numpy(np.asarray(hi))
-    return (lo, hi) if native else (lo.to(p.dtype), hi.to(p.dtype))
+
+    def back(lo, hi):
+        lo, hi = torch.from_numpy(np.asarray(lo)), torch.from_numpy(np.asarray(hi))
+        return (lo, hi) if native else (lo.to(p.dtype), hi.to(p.dtype))
+
+    return x, delta, back
 
 
-def _run(div, p, delta, *, logp, invalid, check, log, path, capacity, sync_free):
-    options = dict(logp=logp, invalid=invalid, check=check, log=log, path=path,
-                   capacity=capacity, sync_free=sync_free)
-    if torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in (p, delta)
-    ):
-        if not isinstance(p, torch.Tensor):
-            raise BandError("gradients need p as a tensor (delta alone requires grad)")
-        radius = delta
-        if not isinstance(delta, torch.Tensor):  # float64: the radius is not rounded to p's dtype
-            delta = torch.tensor(float(delta), dtype=torch.float64, device=p.device)
-        return ImplicitEdges.apply(p, delta, div, radius, options)
-    return _solve(div, p, delta, **options)
+def wants_grad(p, delta) -> bool:
+    """Whether the edges must carry gradients: grad mode is on and ``p`` or a ``delta``
+    tensor requires grad."""
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (p, delta))
+
+
+def with_grad(div, p, delta, solve, log_edges, *, logp: bool, log: bool):
+    """The edges with their derivatives (:class:`ImplicitEdges`): ``solve(p, delta)`` is
+    the call itself, ``log_edges(p, delta)`` the log-edges that backward differentiates."""
+    if not isinstance(p, torch.Tensor):
+        raise BandError("gradients need p as a tensor (delta alone requires grad)")
+    radius = delta
+    if not isinstance(delta, torch.Tensor):  # float64: the radius is not rounded to p's dtype
+        delta = torch.tensor(float(delta), dtype=torch.float64, device=p.device)
+    return ImplicitEdges.apply(p, delta, div, radius, (solve, log_edges, logp, log))
 
 
 class ImplicitEdges(torch.autograd.Function):
@@ -226,23 +230,24 @@ class ImplicitEdges(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, p, delta, div, radius, options):
-        # radius: delta as given (a float takes the same path as without autograd)
-        ctx.div, ctx.options = div, options
+    def forward(ctx, p, delta, div, radius, how):
+        # radius: delta as given (a float takes the same path as without autograd); how:
+        # (solve, log_edges, logp, log), see with_grad
+        ctx.div, ctx.how = div, how
         ctx.save_for_backward(p, delta)
         radius = radius.detach() if isinstance(radius, torch.Tensor) else radius
-        return _solve(div, p.detach(), radius, **options)
+        with torch.no_grad():
+            return how[0](p.detach(), radius)
 
     @staticmethod
     def backward(ctx, grad_lo, grad_hi):
         p, delta = ctx.saved_tensors
-        div, opt = ctx.div, ctx.options
+        div, (_, log_edges, logp, log) = ctx.div, ctx.how
         work = work_dtype(p.device)
         with torch.no_grad():
             x, d = torch.broadcast_tensors(p.detach().to(work), delta.detach().to(work))
-            s_lo, s_hi = _solve(div, x, d, logp=opt["logp"], invalid="nan", check=False,
-                                log=True)
-            inputs = TensorInputs(x, d, logp=opt["logp"], invalid="nan", check=False).inputs
+            s_lo, s_hi = log_edges(x, d)
+            inputs = TensorInputs(x, d, logp=logp, invalid="nan", check=False).inputs
             fun = BandFunction(div, _namespace(work), inputs, kernels=_kernels(div, work))
             grad_x = torch.zeros_like(x)
             grad_d = torch.zeros_like(d)
@@ -250,8 +255,8 @@ class ImplicitEdges(torch.autograd.Function):
                 if grad is None:
                     continue
                 ds_dp, ds_dd = _edge_derivatives(fun, inputs, s)
-                g = grad.to(work) * (1.0 if opt["log"] else torch.exp(s))  # d out / ds
-                grad_x += g * (ds_dp * inputs.p if opt["logp"] else ds_dp)
+                g = grad.to(work) * (1.0 if log else torch.exp(s))  # d out / ds
+                grad_x += g * (ds_dp * inputs.p if logp else ds_dp)
                 grad_d += g * ds_dd
         grad_p = grad_x.to(p.dtype).sum_to_size(p.shape) if ctx.needs_input_grad[0] else None
         grad_delta = (grad_d.to(delta.dtype).sum_to_size(delta.shape)
@@ -275,108 +280,57 @@ def _edge_derivatives(fun: BandFunction, x: Inputs, s):
     return ds_dp, ds_dd
 
 
-def _solve(div, p, delta, *, logp, invalid, check, log, path=None, capacity=None,
-           sync_free=None):
-    """The band along the path :func:`fbands.bands.choose_path` picks (or ``path``)."""
-    chosen = bands.choose_path("torch", div, p, delta, logp=logp, log=log, path=path)
-    if chosen == bands.NUMBA:
-        return _run_numba(div, p, delta, logp=logp, invalid=invalid, check=check, log=log)
+def device_solver(div, p, delta, *, logp, invalid, check, log, probe: bool):
+    """The ``device-solver`` path: the fixed-count solver on every element.  ``probe``:
+    the call may wait for the device once, to skip the branches no element needs."""
     with torch.no_grad():
-        if chosen == bands.DEVICE_TABLE:
-            return _table_solve(div, p, scalar_delta(delta), logp=logp, invalid=invalid,
-                                check=check, log=log, size=capacity, sync_free=sync_free)
-        x = TensorInputs(p, delta, logp=logp, invalid=invalid, check=check)
+        x = TensorInputs(p, delta, logp=logp, invalid=invalid, check=check, probe=probe)
         lo, hi = solve_log_edges(div, x.inputs, tiny=x.tiny, at_one=x.at_one)
         return x.finish(lo, hi, log=log)
 
 
-# ----------------------------------------------------------------------------- tables
-
-
-def _table_solve(div, p, d: float, *, logp, invalid, check, log, size=None, sync_free=None):
+def device_table(div, p, d: float, *, logp, invalid, check, log, sync: bool, capacity=None):
     """The ``device-table`` path: every element read from the tables, then the exact
     solver on the elements they leave (see the module docstring).
 
-    ``sync_free`` (default: :func:`must_not_sync`): the leftovers go to the fixed-count
-    solver on the device through a buffer of static size ``size`` (default
-    :func:`capacity`), and any beyond it get nan.  Otherwise one synchronisation counts
-    them (and the invalid elements, to raise when ``check``), and the numba backend
-    solves them on the host.
+    ``sync``: one synchronisation counts the leftovers (and the invalid elements, to raise
+    when ``check``), and the numba backend solves them on the host.  Otherwise they go to
+    the fixed-count solver on the device through a buffer of static size ``capacity``
+    (default :func:`capacity`), and any beyond it get nan; ``check`` then synchronises
+    once to validate, and nothing else.
     """
     layout = "float64" if p.dtype == torch.float64 else "float32"
-    x = p.detach().reshape(-1).to(torch.float64)
-    if sync_free is None:
-        sync_free = must_not_sync(x.device)
-    synced = check or not sync_free  # one sync: to raise, and to count the leftovers
-    tab, at_one = (_tables_so_far if synced else _tables)(div, d, layout, bool(log))
-    lo, hi, more = _table_edges(tab, x, at_one, logp=logp, log=log)
-    bad, _ = invalid_masks(x, d, logp)  # (d: a valid number, checked on the host)
-    zero = x == -math.inf if logp else torch.zeros_like(bad)  # the p -> 0 limit [0, inf)
-    more = more & ~(bad | zero)
-    left = None
-    if synced:
-        n_bad, n_more = torch.stack((bad.sum(), more.sum())).tolist()
-        if check and n_bad and invalid == "raise":  # indices of p's own shape in the message
-            raise_invalid(bad.reshape(p.shape), x.reshape(p.shape), False, d, logp)
-        if n_more:
-            lo, hi = _fix_up_on_host(div, x, d, lo, hi, more, logp=logp, log=log,
-                                     layout=layout, dtype=p.dtype)
-    else:
-        size = capacity(x.numel()) if size is None else min(int(size), x.numel())
-        if size < x.numel():
-            left = more & (torch.cumsum(more, 0) > size)  # beyond the buffer: nan
-        if size:
-            lo, hi = _fix_up(div, x, d, lo, hi, more, size, logp=logp, log=log)
-    lo = torch.where(zero, -math.inf if log else 0.0, lo)
-    hi = torch.where(zero, math.inf, hi)
-    unknown = bad if left is None else bad | left
-    lo = torch.where(unknown, math.nan, lo)
-    hi = torch.where(unknown, math.nan, hi)
-    return lo.to(p.dtype).reshape(p.shape), hi.to(p.dtype).reshape(p.shape)
-
-
-def must_not_sync(device) -> bool:
-    """Whether a call may not wait for ``device``: while ``torch.compile`` traces it, or
-    while a CUDA graph is captured on the current stream (the uses of a sync-free call)."""
-    if torch.compiler.is_compiling():
-        return True
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
-def _tables_so_far(div, d: float, layout: str, log: bool):
-    """The table and lower edge at ``p = 1`` that a call which may synchronise reads: the
-    cells built so far, for a radius new to the process (:class:`numba_backend.TableSet`;
-    the host fix-up builds those its elements reach, so a radius that changes every call
-    costs milliseconds, not a complete build), the complete table from its second call on
-    (built then, once: what a traced or captured call reads, see :func:`_tables`)."""
-    from fbands.backends import numba_backend
-
-    ts = numba_backend.table_set(div, d, layout)
-    if ts.is_empty or ts.is_complete:
-        return ts.modes[log], numba_backend.lower_at_one(div, d, log)
-    return _tables(div, d, layout, log)
-
-
-def _tables(div, d: float, layout: str, log: bool):
-    """The numba backend's complete table of ``div`` at ``d`` and its lower edge at
-    ``p = 1``, kept on the divergence in a plain dict (which ``torch.compile`` traces once
-    the entry exists), as many as the numba backend's own cache holds; the first also
-    binds the torch kernels of the solver, which a traced call cannot derive."""
-    from fbands.backends import numba_backend
-
-    cache = div.__dict__.get("_torch_tables")
-    if cache is None:
-        cache = div.__dict__.setdefault("_torch_tables", {})
-    key = (d, layout, log)
-    found = cache.get(key)
-    if found is None:
-        found = (numba_backend.tables(div, d, layout)[log],
-                 numba_backend.lower_at_one(div, d, log))
-        _kernels(div, torch.float64)  # what a traced, sync-free call's fix-up runs
-        while len(cache) >= numba_backend.MAX_TABLES:
-            del cache[next(iter(cache))]
-        cache[key] = found
-    return found
+    with torch.no_grad():
+        x = p.detach().reshape(-1).to(torch.float64)
+        tab = torch_reader.device_table(div, d, layout, bool(log), x.device, complete=not sync)
+        if not sync:
+            _kernels(div, torch.float64)  # bound eagerly: what the sync-free fix-up runs
+        lo, hi, more = torch_reader.read(tab, x, logp=logp, log=log)
+        bad, _ = invalid_masks(x, d, logp)  # (d: a valid number, checked on the host)
+        zero = x == -math.inf if logp else torch.zeros_like(bad)  # the p -> 0 limit [0, inf)
+        more = more & ~(bad | zero)
+        left = None
+        if sync or check:  # the one synchronisation
+            n_bad, n_more = torch.stack((bad.sum(), more.sum())).tolist()
+            if check and n_bad and invalid == "raise":  # indices of p's own shape
+                raise_invalid(bad.reshape(p.shape), x.reshape(p.shape), False, d, logp)
+        if sync:
+            if n_more:
+                lo, hi = _fix_up_on_host(div, x, d, lo, hi, more, logp=logp, log=log,
+                                         layout=layout, dtype=p.dtype)
+        else:
+            size = globals()["capacity"](x.numel()) if capacity is None else min(
+                int(capacity), x.numel())
+            if size < x.numel():
+                left = more & (torch.cumsum(more, 0) > size)  # beyond the buffer: nan
+            if size:
+                lo, hi = _fix_up(div, x, d, lo, hi, more, size, logp=logp, log=log)
+        lo = torch.where(zero, -math.inf if log else 0.0, lo)
+        hi = torch.where(zero, math.inf, hi)
+        unknown = bad if left is None else bad | left
+        lo = torch.where(unknown, math.nan, lo)
+        hi = torch.where(unknown, math.nan, hi)
+        return lo.to(p.dtype).reshape(p.shape), hi.to(p.dtype).reshape(p.shape)
 
 
 def _fix_up(div, x, d: float, lo, hi, more, size: int, *, logp, log):
@@ -406,91 +360,13 @@ def _fix_up_on_host(div, x, d: float, lo, hi, more, *, logp, log, layout, dtype)
 
     idx = torch.nonzero(more).reshape(-1)
     sub = x[idx].cpu().numpy()  # float64: p's values exactly
-    ts = numba_backend.table_set(div, d, layout)
+    ts = TABLES.table_set(div, d, layout)
     if not ts.is_complete:
         ts.cover(sub.astype(np.float32) if layout == "float32" else sub, logp)
     # float32 p: its own layout (the tables just built); others in float64, rounded once
     work = sub.astype(np.float32) if dtype == torch.float32 else sub
-    fn = numba_backend.log_edges if log else numba_backend.edges
-    s_lo, s_hi = fn(div, work, d, logp=logp, invalid="nan", check=False)
+    s_lo, s_hi = numba_backend.table(div, work, d, logp=logp, invalid="nan", check=False,
+                                     log=log)
     lo = lo.index_put((idx,), torch.from_numpy(s_lo).to(lo.device, lo.dtype))
     hi = hi.index_put((idx,), torch.from_numpy(s_hi).to(hi.device, hi.dtype))
     return lo, hi
-
-
-def _device_table(tab, device):
-    found = tab.__dict__.setdefault("_torch", {}).get(device)
-    if found is None:
-        found = tab._torch[device] = tuple(
-            torch.from_numpy(a).to(device) for a in (tab.coef, tab.row_code.astype(np.int64),
-                                                      tab.cells_info)
-        )
-    return found
-
-
-def _table_edges(tab, x, at_one: float, *, logp: bool, log: bool):
-    """``(lower, upper, more)`` of float64 ``x`` from a numba table, in torch operations.
-
-    The same reading of the table as the numba kernel (:mod:`._table_kernels`), through
-    the same layout (:func:`._table_layout.locate_array`): the cell from the bits of
-    ``z = min(p, 1 - p)``, the coordinate from the remaining mantissa bits, two Horner
-    chains (the lower one exponentiated on rows so marked), ``1 / p`` (or ``-log p``)
-    where the upper edge is saturated, and the limit ``(at_one, 1)`` at ``p == 1``.
-    ``more`` marks the elements to solve exactly: rows marked so, invalid input,
-    ``log p`` below ``LP_CLOSED``.
-    """
-    from fbands.backends import _table_layout
-
-    coef, row_code, cells_info = _device_table(tab, x.device)
-    ln2 = math.log(2.0)
-    if logp:
-        valid = x <= 0
-        lp = torch.where(valid, x, -1.0)
-        high = lp > -ln2
-        p = torch.exp(lp)
-        z = torch.where(high, -torch.expm1(lp.clamp(min=-ln2)), p).clamp(min=1e-300)
-        top = 0.0 - lp if log else 1.0 / p  # (0.0 - : log 1 gives +0.0)
-        one, special = lp == 0, lp < LP_CLOSED
-    else:
-        valid = (x > 0) & (x <= 1)
-        v = torch.where(valid, x, 0.5)
-        high = v > 0.5
-        z = torch.where(high, 1.0 - v, v)
-        top = 0.0 - torch.log(v) if log else 1.0 / v
-        one, special = v == 1, v < math.exp(LP_CLOSED)
-    row, u = _table_layout.locate_array(z.view(torch.int64), high, cells_info, tab.kbits,
-                                        torch.where, torch.float64)
-    k = row * _table_layout.ROW
-    lo, hi = coef[k], coef[k + 1]
-    for i in range(1, _table_layout.DEG + 1):
-        lo = lo * u + coef[k + 2 * i]
-        hi = hi * u + coef[k + 2 * i + 1]
-    code = row_code[row]
-    if tab.exp_lo:  # rows whose lower polynomial is of log r
-        lo = torch.where((code & _table_layout.ROW_EXP_LO) != 0, torch.exp(lo), lo)
-    hi = torch.where(((code & _table_layout.ROW_TOP) != 0) | one, top, hi)
-    lo = torch.where(one, at_one, lo)
-    more = (((code & _table_layout.ROW_EXACT) != 0) & ~one) | special | ~valid
-    return lo, hi, more
-
-
-def log_edges(div, p, delta, *, logp, invalid, check, path=None, capacity=None,
-              sync_free=None):
-    """``(log lower, log upper)`` of the band (see :func:`fbands.log_bounds`).
-
-    For tests and benchmarks: ``path`` forces one of the torch paths (``"numba"``,
-    ``"device-table"``, ``"device-solver"``; default: :func:`fbands.bands.choose_path`
-    decides); on ``"device-table"``, ``sync_free`` forces how the elements the tables leave
-    are solved (default :func:`must_not_sync`: on the device without a synchronisation
-    while being compiled or captured, else on the host), and ``capacity`` sets the size of
-    the sync-free buffer (default :func:`capacity`).
-    """
-    return _run(div, p, delta, logp=logp, invalid=invalid, check=check, log=True, path=path,
-                capacity=capacity, sync_free=sync_free)
-
-
-def edges(div, p, delta, *, logp, invalid, check, path=None, capacity=None, sync_free=None):
-    """``(lower, upper)`` of the band (see :func:`fbands.bounds`; ``path``, ``capacity`` and
-    ``sync_free`` as in :func:`log_edges`)."""
-    return _run(div, p, delta, logp=logp, invalid=invalid, check=check, log=False, path=path,
-                capacity=capacity, sync_free=sync_free)

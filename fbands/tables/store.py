@@ -1,4 +1,4 @@
-"""The numba backend's interpolation tables on disk, so that a fresh process reads them.
+"""The band tables on disk, so that a fresh process reads them.
 
 Building the tables of one ``(divergence, delta, layout)`` solves a few hundred thousand
 points exactly (a second or more on a small machine); each fresh process with the same
@@ -17,13 +17,12 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from fbands import _cache, _solver
-from fbands.backends import _table_kernels, _table_layout, numpy_backend
+from fbands import _cache
+from fbands.tables import layout
 
 __all__ = ["load", "store", "key"]
 
@@ -33,13 +32,16 @@ MAX_FILES = 32
 _CODE: list[str] = []
 
 
+#: The code that builds tables, besides the kernels (whose package name hashes theirs).
+_BUILDERS = ("build.py", "layout.py", "kernels.py", "../backends/numpy_backend.py")
+
+
 def _code_hash() -> str:
     if not _CODE:
-        from fbands.backends import numba_backend
-
         h = hashlib.sha256(f"{np.__version__}\n".encode())
-        for mod in (numba_backend, numpy_backend, _solver, _table_layout, _table_kernels):
-            h.update(Path(mod.__file__).read_bytes())
+        here = Path(__file__).resolve().parent
+        for name in _BUILDERS:
+            h.update((here / name).read_bytes())
         _CODE.append(h.hexdigest())
     return _CODE[0]
 
@@ -48,16 +50,6 @@ def key(kernel_module_name: str, delta: float, layout: str) -> str:
     """Key of the tables built by the kernels of that module at ``delta`` in ``layout``."""
     text = f"{_code_hash()}\n{kernel_module_name}\n{float(delta)!r}\n{layout}"
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _read(path: Path, size: int) -> bytes | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as fh:
-        raw = fh.read(size + 1)
-    return raw if len(raw) == size else None
 
 
 def load(k: str, kbits: int, cells: int, row: int, table_cls):
@@ -72,8 +64,9 @@ def load(k: str, kbits: int, cells: int, row: int, table_cls):
     meta = _cache.read_json(store / f"{k}.json", k)
     if not isinstance(meta, dict) or not isinstance(meta.get("size"), int):
         return None
-    raw = _read(store / f"{k}.npz", meta["size"])
-    if raw is None or hashlib.sha256(raw).hexdigest() != meta.get("sha256"):
+    raw = _cache.read_file(store / f"{k}.npz", meta["size"])
+    if (raw is None or len(raw) != meta["size"]
+            or hashlib.sha256(raw).hexdigest() != meta.get("sha256")):
         return None
     try:
         with np.load(io.BytesIO(raw), allow_pickle=False) as z:
@@ -90,8 +83,8 @@ def load(k: str, kbits: int, cells: int, row: int, table_cls):
         if (coef.dtype != np.float64 or code.dtype != np.int32 or coef.ndim != 1
                 or code.ndim != 1 or coef.size != code.size * row):
             return None
-        first, extra = _table_layout.unpack_info(info)
-        if (first.min() < 0 or not np.isin(extra, _table_layout.SUBBITS).all()
+        first, extra = layout.unpack_info(info)
+        if (first.min() < 0 or not np.isin(extra, layout.SUBBITS).all()
                 or (first + (1 << extra)).max() > code.size):
             return None
         out[log] = table_cls(kbits, coef, code, info)
@@ -112,16 +105,7 @@ def store(k: str, tables) -> bool:
              code_log=tables[True].row_code, coef_ratio=tables[False].coef,
              code_ratio=tables[False].row_code)
     raw = buf.getvalue()
-    try:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".npz")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(raw)
-            os.replace(tmp, directory / f"{k}.npz")
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError:
+    if not _cache.write_file(directory / f"{k}.npz", raw):
         return False
     ok = _cache.write_json(directory / f"{k}.json", k,
                            {"sha256": hashlib.sha256(raw).hexdigest(), "size": len(raw)})

@@ -3,8 +3,8 @@
 A table (built by :func:`fbands.backends.numba_backend.build_tables`) holds, for one
 divergence at one radius, polynomials of both band edges on short cells of
 ``z = min(p, 1 - p)``.  Everything that knows where a cell, a row or a coordinate lies in
-the bits of ``z`` is here: the build, the numba kernels (:mod:`._table_kernels`), torch
-(:func:`fbands.backends.torch_backend._table_edges`) and the tests all go through it.
+the bits of ``z`` is here: the build, the numba kernels (:mod:`.kernels`), torch
+(:mod:`.torch_reader`) and the tests all go through it.
 
 Cells.  ``z`` lies in binade ``b`` when ``2^-(b+1) <= z < 2^-b``; each binade is cut into
 ``2^kbits`` cells by the top ``kbits`` bits of the mantissa.  The cells of ``p <= 1/2``
@@ -18,9 +18,10 @@ Rows.  A row holds ``ROW`` float64 coefficients, powers ``DEG`` down to 0 of ``u
 and upper edge interleaved (one contiguous read), and a code of flag bits
 (:data:`ROW_TOP`, :data:`ROW_EXACT`, :data:`ROW_EXP_LO`).
 
-Decoding comes in two forms with the same steps: :func:`locate` for one float64 (plain
-Python on numpy scalars, so that numba compiles it into the kernels) and
-:func:`locate_array` for numpy arrays or torch tensors.
+Reading comes in two forms with the same steps: :func:`prepare_z` and :func:`locate` for
+one float64 (plain Python on numpy scalars, so that numba compiles them into the kernels),
+:func:`prepare_z_array` and :func:`locate_array` for numpy arrays or torch tensors.  Every
+reader of a table (the numba pass, its cell scan, the torch reader) goes through them.
 """
 
 from __future__ import annotations
@@ -28,12 +29,10 @@ from __future__ import annotations
 import numpy as np
 from numba.extending import register_jitable
 
+from fbands._jit.vmath import EXP_BIAS, LN2, MANT_BITS, p_and_z
+
 # ----------------------------------------------------------------------------- float64 bits
 
-#: Stored mantissa bits of a float64 (the fraction field).
-MANT_BITS = 52
-#: Exponent bias of a float64: the exponent field of 1.0.
-EXP_BIAS = 1023
 #: Exponent field of z in [1/2, 1) (binade 0): the binade of z is ``HALF_EXP - field``.
 HALF_EXP = EXP_BIAS - 1
 
@@ -132,6 +131,44 @@ def cell_of_row(kbits: int, table_cell):
 
 
 # ----------------------------------------------------------------------------- decode
+
+#: What an element outside the tables' domain (invalid, or in the solver's tails) reads
+#: instead, so that it finds a cell like any other; its result is never stored.
+FILL_P, FILL_LOGP = 0.5, -1.0
+
+
+def prepare_z(x, logp, closed):
+    """``(p, z, high, valid)`` of one element ``x`` (``log p`` when ``logp``): ``p``,
+    ``z = min(p, 1 - p)`` (exact on both sides; from one polynomial for log input,
+    :func:`fbands._jit.vmath.p_and_z`), whether ``z`` is ``1 - p``, and whether ``x`` lies
+    in ``[closed, 1]`` (``[closed, 0]``), the domain of the tables (nan fails).  Outside it
+    the element reads :data:`FILL_P` instead."""
+    v = np.float64(x)
+    if logp:
+        valid = (v >= closed) & (v <= 0.0)
+        lp = v if valid else FILL_LOGP
+        p, z = p_and_z(lp)
+        return p, z, lp > -LN2, valid
+    valid = (v >= closed) & (v <= 1.0)
+    p = v if valid else FILL_P
+    high = p > 0.5
+    return p, (1.0 - p if high else p), high, valid
+
+
+def prepare_z_array(x, logp: bool, closed: float, where, exp, expm1):
+    """:func:`prepare_z` on an array ``x`` of float64; ``where``, ``exp``, ``expm1`` from
+    numpy or torch."""
+    if logp:
+        valid = (x >= closed) & (x <= 0)
+        lp = where(valid, x, FILL_LOGP)
+        high = lp > -LN2
+        p = exp(lp)
+        return p, where(high, -expm1(lp), p), high, valid
+    valid = (x >= closed) & (x <= 1)
+    p = where(valid, x, FILL_P)
+    high = p > 0.5
+    return p, where(high, 1.0 - p, p), high, valid
+
 
 
 @register_jitable(inline="always")

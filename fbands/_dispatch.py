@@ -1,0 +1,271 @@
+"""How a band is computed: the one decision (:func:`plan`) and the one call (:func:`compute`).
+
+The public doors (:func:`fbands.bounds`, :func:`fbands.log_bounds`) come here; from here the
+call runs one way, to a backend's implementation of one path, and no backend calls back.
+:func:`plan` reads the decision table below from the divergence, the input's type, dtype
+and device, the kind of ``delta`` and the output, never from the data's values, from
+``check`` or from a global setting; :func:`compute` validates what only it can, carries
+out the plan, and wraps it for autograd when a tensor requires grad.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fbands._inputs import check_kind, is_tensor, scalar_delta, valid_delta, work_dtype
+from fbands._jit.codegen import has_closed_pass
+from fbands._optional import raise_missing
+from fbands.divergences import Divergence, get
+from fbands.errors import BandError
+
+__all__ = ["BACKENDS", "PATHS", "Plan", "compute", "plan"]
+
+#: Backend name -> module holding its paths.
+BACKENDS = {
+    "numpy": "fbands.backends.numpy_backend",
+    "numba": "fbands.backends.numba_backend",
+    "torch": "fbands.backends.torch_backend",
+    "cvxpy": "fbands.backends.cvxpy_backend",
+}
+
+#: numba: the closed forms of both edges, chosen and clamped without a branch, in one pass.
+CLOSED_PASS = "closed-pass"
+#: numba: the interpolation tables of the (divergence, delta) pair, in one pass.
+TABLE = "table"
+#: numba, numpy or cvxpy: every element by the exact solver (closed form or safeguarded
+#: Newton, refined in extended precision where float64 cannot resolve a lower edge).
+EXACT = "exact"
+#: torch: a CPU tensor handed to the numba backend through a numpy view (which then takes
+#: one of the three paths above).
+NUMBA = "numba"
+#: torch: the tables read by torch operations on the tensor's device; the elements they
+#: leave are solved on the host after one synchronisation, or, where the call may not
+#: synchronise (traced, or captured in a CUDA graph), by the fixed-count solver on the device.
+DEVICE_TABLE = "device-table"
+#: torch: the exact fixed-count solver on every element.
+DEVICE_SOLVER = "device-solver"
+#: The paths of each backend.
+PATHS = {
+    "numpy": (EXACT,),
+    "cvxpy": (EXACT,),
+    "numba": (CLOSED_PASS, TABLE, EXACT),
+    "torch": (NUMBA, DEVICE_TABLE, DEVICE_SOLVER),
+}
+#: What an invalid element may do.
+INVALID = ("raise", "nan")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The whole decision for one call.
+
+    ``backend`` and ``path``: who computes it and how (:data:`PATHS`).  ``inner``: on the
+    torch ``numba`` path, the numba path its numpy view takes.  ``sync``: on the torch
+    device paths, whether the call may wait for the device, once: to count and solve on
+    the host what the tables leave (``device-table``), and to skip the solver branches no
+    element needs (``device-solver``); a traced or captured call may not, and does both
+    on the device.
+    """
+
+    backend: str
+    path: str
+    inner: str | None = None
+    sync: bool = True
+
+
+def plan(div: Divergence, p: Any, delta: Any, *, backend: str = "auto", logp: bool,
+         log: bool, path: str | None = None, sync_free: bool | None = None) -> Plan:
+    """The :class:`Plan` of one call; the first row that matches wins (the same table is in
+    the docs, ``docs/theory/implementation.md``):
+
+    ========  ==================================================================  ==============
+    backend   when                                                                path
+    ========  ==================================================================  ==============
+    auto      a tensor: torch; else numba when it imports, else numpy
+    numpy     always                                                              exact
+    cvxpy     always                                                              exact
+    numba     float32/float64 array of size > 0, one valid scalar ``delta``,       closed-pass
+              ratios of ``p`` (neither ``logp`` nor ``log``), closed forms of
+              both edges with no squaring (:func:`~fbands._jit.codegen.has_closed_pass`)
+    numba     float32/float64 array of size > 0, one valid scalar ``delta``        table
+    numba     otherwise (per-element ``delta``, a scalar ``p``, other dtypes,      exact
+              an invalid ``delta``)
+    torch     ``path`` given (tests, benchmarks): that path, if it applies         ``path``
+    torch     floating CPU tensor, ``delta`` not on another device, numba          numba
+              installed, not being traced by ``torch.compile``
+    torch     floating tensor with values (not meta), one valid scalar ``delta``    device-table
+              (a number on the host), a device with float64 (not MPS), numba
+              installed (it builds the tables)
+    torch     otherwise (per-element ``delta`` tensor, MPS, no numba)              device-solver
+    ========  ==================================================================  ==============
+
+    On the torch device paths, ``sync`` is False while ``torch.compile`` traces the call
+    or a CUDA graph is captured (:func:`must_not_sync`), when ``sync_free`` says so, and
+    for a meta tensor.  (``check=True`` synchronises to validate in any case, and changes
+    nothing else.)
+
+    Within a path, elements are treated apart by value, never by a choice of path:
+    ``p = 1`` and ``log p = -inf`` take their limits, the elements a pass or a table
+    cannot vouch for go to the exact solver, and the lower edges that float64 cannot
+    resolve are refined in extended precision (numpy and numba).
+    """
+    if backend == "auto":
+        backend = "torch" if is_tensor(p) else ("numba" if _numba_usable() else "numpy")
+    if backend not in BACKENDS:
+        raise BandError(f"unknown backend {backend!r}; choose one of {['auto', *BACKENDS]}")
+    if is_tensor(p) and backend != "torch":
+        raise BandError(f"backend {backend!r} takes numpy arrays or floats, not torch tensors")
+    if backend == "numba":
+        return Plan("numba", _numba_path(div, p, delta, logp=logp, log=log))
+    if backend != "torch":
+        return Plan(backend, EXACT)
+    _module("torch")  # (without torch: an error that names the extra to install)
+    reasons = {NUMBA: _why_not_numba(p, delta), DEVICE_TABLE: _why_not_device_table(p, delta),
+               DEVICE_SOLVER: None}
+    if path is None:
+        path = next(name for name, why in reasons.items() if why is None)
+    elif path not in reasons:
+        raise BandError(f"unknown path {path!r} for torch; choose one of {PATHS['torch']}")
+    elif reasons[path] is not None:
+        raise BandError(f"path {path!r} does not apply: {reasons[path]}")
+    if path == NUMBA:  # decided on what the numba backend will see (a CPU delta is read)
+        view = np.empty(0 if p.numel() == 0 else 1,
+                        np.float32 if p.dtype == _torch().float32 else np.float64)
+        radius = delta.detach().double().numpy() if is_tensor(delta) else delta
+        return Plan("torch", NUMBA, inner=_numba_path(div, view, radius, logp=logp, log=log))
+    device = p.device if is_tensor(p) else "cpu"  # (a float or an array: a CPU tensor)
+    sync = not (must_not_sync(device) if sync_free is None else sync_free)
+    if is_tensor(p) and p.is_meta:  # no values to wait for
+        sync = False
+    return Plan("torch", path, sync=sync)
+
+
+def _numba_path(div, p, delta, *, logp: bool, log: bool) -> str:
+    d = scalar_delta(delta)
+    if (d is None or not valid_delta(d) or not isinstance(p, np.ndarray)
+            or p.dtype not in (np.float32, np.float64) or p.size == 0):
+        return EXACT
+    return CLOSED_PASS if not (logp or log) and has_closed_pass(div) else TABLE
+
+
+def choose_path(backend: str, div: Divergence, p: Any, delta: Any, *, logp: bool, log: bool,
+                path: str | None = None) -> str:
+    """The path of :func:`plan` alone."""
+    return plan(div, p, delta, backend=backend, logp=logp, log=log, path=path).path
+
+
+def compute(method: str, div: str | Divergence, p: Any, delta: Any, backend: str = "auto", *,
+            logp: bool = False, invalid: str = "raise", check: bool = True,
+            path: str | None = None, capacity: int | None = None,
+            sync_free: bool | None = None):
+    """The edges (``method`` ``"edges"``) or log-edges (``"log_edges"``) of the band, as
+    :func:`fbands.bounds` documents.  For tests and benchmarks, ``path`` forces a torch path,
+    ``sync_free`` forces whether a torch device path may synchronise, and ``capacity`` sets
+    the size of the sync-free fix-up buffer of ``device-table``
+    (:func:`fbands.backends.torch_backend.capacity`)."""
+    if invalid not in INVALID:
+        raise BandError(f"invalid must be one of {INVALID}, got {invalid!r}")
+    for name, value in (("p", p), ("delta", delta)):
+        check_kind(name, value, check)
+    log = method == "log_edges"
+    d = get(div)
+    chosen = plan(d, p, delta, backend=backend, logp=logp, log=log, path=path,
+                  sync_free=sync_free)
+    options = dict(logp=logp, invalid=invalid, check=check, log=log)
+    if chosen.backend == "torch":
+        torch_backend = _module("torch")
+        if torch_backend.wants_grad(p, delta):
+            def solve(x, radius):  # the call itself, on detached inputs
+                return _run(chosen, d, x, radius, options, capacity)
+
+            def log_edges(x, radius):  # what the backward pass differentiates
+                return compute("log_edges", d, x, radius, "torch", logp=logp, invalid="nan",
+                               check=False)
+
+            return torch_backend.with_grad(d, p, delta, solve, log_edges, logp=logp, log=log)
+    return _run(chosen, d, p, delta, options, capacity)
+
+
+def _run(chosen: Plan, div, p, delta, options: dict, capacity):
+    module = _module(chosen.backend)
+    if chosen.backend == "numba":
+        return module.PATHS[chosen.path](div, p, delta, **options)
+    if chosen.backend != "torch":
+        return module.exact(div, p, delta, **options)
+    if chosen.path == NUMBA:
+        numba_backend = _module("numba")
+        x, radius, back = module.to_numpy(p, delta)
+        return back(*numba_backend.PATHS[chosen.inner](div, x, radius, **options))
+    if chosen.path == DEVICE_TABLE:
+        return module.device_table(div, p, scalar_delta(delta), sync=chosen.sync,
+                                   capacity=capacity, **options)
+    return module.device_solver(div, p, delta, probe=chosen.sync, **options)
+
+
+def _module(name: str):
+    try:
+        return importlib.import_module(BACKENDS[name])
+    except ModuleNotFoundError as exc:  # numba (a core dependency) gone: say how to restore it
+        raise_missing(exc, f"backend {name!r}")
+        raise
+
+
+def _numba_usable() -> bool:
+    if BACKENDS["numba"] in sys.modules:  # (a dict lookup: torch.compile traces it)
+        return True
+    try:
+        importlib.import_module(BACKENDS["numba"])
+    except ImportError:
+        return False
+    return True
+
+
+def _torch():
+    return sys.modules["torch"]
+
+
+def must_not_sync(device) -> bool:
+    """Whether a call may not wait for ``device``: while ``torch.compile`` traces it, or
+    while a CUDA graph is captured on the current stream (the uses of a sync-free call)."""
+    torch = _torch()
+    if torch.compiler.is_compiling():
+        return True
+    return torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _is_float_tensor(x: Any) -> bool:
+    return is_tensor(x) and x.is_floating_point()
+
+
+def _why_not_numba(p, delta) -> str | None:
+    """Why a CPU tensor cannot go to numba (None: it can)."""
+    if not _is_float_tensor(p) or p.device.type != "cpu":
+        return "p is not a floating-point CPU tensor"
+    if is_tensor(delta) and delta.device.type != "cpu":
+        return "delta is on another device"
+    if not _numba_usable():
+        return "numba is not installed"
+    if _torch().compiler.is_compiling():
+        return "torch.compile is tracing the call"
+    return None
+
+
+def _why_not_device_table(p, delta) -> str | None:
+    """Why the tables cannot be read on p's device (None: they can)."""
+    if not _is_float_tensor(p):
+        return "p is not a floating-point tensor"
+    if p.is_meta:
+        return "a meta tensor has no values to read the tables with"
+    d = scalar_delta(delta)
+    if d is None or not valid_delta(d):
+        return "delta is not one valid number (a radius per element takes the solver)"
+    if work_dtype(p.device) != _torch().float64:
+        return f"{p.device.type} has no float64 (the tables are read in float64)"
+    if not _numba_usable():
+        return "numba is not installed (it builds the tables)"
+    return None

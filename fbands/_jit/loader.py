@@ -1,0 +1,148 @@
+"""Compiles and imports the numba kernels of one divergence.
+
+Each divergence gets a package in the private cache directory (:func:`cache_dir`): its
+leaves (:func:`fbands._jit.codegen.leaves_source`) beside byte copies of
+:mod:`fbands._jit.scalar` and :mod:`fbands._jit.closed_pass`.  The copies are what numba
+needs: its on-disk cache (``cache=True``) is keyed by source file, so one file compiled
+against the leaves of several divergences would mix their machine code.  The folder's name
+is a hash of every text the compiled code depends on (the three files, and
+:mod:`fbands._jit.prims` and :mod:`fbands._solver` whose names they import), so a change to
+any of them compiles afresh, and a second process loads the machine code from disk.
+
+Import safety: every file is written by this process, or kept only when its bytes are the
+ones this process would write (a damaged or planted file is replaced), and the modules are
+imported by path, one by one, so nothing else in the folder is ever imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import numba
+
+from fbands import _cache, _solver
+from fbands._jit import codegen, prims
+
+__all__ = ["Kernels", "cache_dir", "kernels", "package_files", "python_kernels"]
+
+_HERE = Path(__file__).resolve().parent
+#: The modules compiled against the leaves, in import order.
+COMPILED = ("scalar", "closed_pass")
+#: Files whose text the compiled code depends on besides those of the package.
+_DEPENDS = (Path(prims.__file__), Path(_solver.__file__))
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The compiled entry points of one divergence (see :mod:`fbands._jit.scalar` and
+    :mod:`fbands._jit.closed_pass`); ``name``, the package's name, hashes their text."""
+
+    name: str
+    solve_arrays: object
+    trace_arrays: object
+    closed_pass: object | None
+
+
+def cache_dir() -> Path:
+    """Where the packages (and numba's cache files inside them) live: ``numba`` in the
+    private cache directory, or a directory of this process alone when that is not safe
+    to use (numba loads its cache files with pickle)."""
+    path = _cache.private_dir("numba")
+    if path is None:
+        path = _cache.process_dir() / "numba"
+        path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
+def package_files(div) -> dict[str, bytes]:
+    """The files of ``div``'s package: name -> bytes."""
+    files = {"__init__.py": b"", "leaves.py": codegen.leaves_source(div).encode()}
+    for name in COMPILED:
+        files[f"{name}.py"] = (_HERE / f"{name}.py").read_bytes()
+    return files
+
+
+def _package_name(div, files: dict[str, bytes]) -> str:
+    h = hashlib.sha256()
+    for name, data in sorted(files.items()):
+        h.update(f"{name}\n{len(data)}\n".encode() + data)
+    for path in _DEPENDS:
+        h.update(path.read_bytes())
+    safe = "".join(c if c.isalnum() else "_" for c in div.name)
+    return f"fbands_{safe}_{h.hexdigest()[:32]}"
+
+
+_LOCK = threading.Lock()
+_LOADED: dict[tuple, Kernels] = {}
+
+
+def kernels(div) -> Kernels:
+    """The compiled kernels of ``div`` (numba compiles each on its first call, or loads it
+    from its on-disk cache)."""
+    return _load(div, python=bool(numba.config.DISABLE_JIT))
+
+
+def python_kernels(div) -> Kernels:
+    """The same kernels as plain Python, run from the files of :mod:`fbands._jit` themselves
+    (for tests: the code that the compiled kernels are made from, line by line)."""
+    return _load(div, python=True)
+
+
+def _load(div, *, python: bool) -> Kernels:
+    key = (div.name, str(div.f), python)
+    found = _LOADED.get(key)
+    if found is not None:
+        return found
+    with _LOCK:
+        if key not in _LOADED:
+            _LOADED[key] = _import(div, python)
+        return _LOADED[key]
+
+
+def _import(div, python: bool) -> Kernels:
+    files = package_files(div)
+    name = _package_name(div, files)
+    folder = cache_dir() / name
+    folder.mkdir(mode=0o700, exist_ok=True)
+    for fname, data in files.items():
+        if not _cache.holds(folder / fname, data) and not _cache.write_file(folder / fname, data):
+            raise OSError(f"fbands could not write its kernels to {folder}")
+    if python:
+        name += "_python"
+    package = ModuleType(name)
+    package.__path__ = []  # submodules are imported by path below, never searched for
+    sys.modules[name] = package
+    with _pure_python(python):
+        _exec(f"{name}.leaves", folder / "leaves.py")
+        mods = [_exec(f"{name}.{m}", (_HERE if python else folder) / f"{m}.py")
+                for m in COMPILED]
+    scalar, closed = mods
+    return Kernels(name, scalar.solve_arrays, scalar.trace_arrays,
+                   closed.closed_pass if codegen.has_closed_pass(div) else None)
+
+
+def _exec(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@contextlib.contextmanager
+def _pure_python(on: bool):
+    """numba's decorators return the plain functions while ``on`` (numba reads
+    ``DISABLE_JIT`` when a function is decorated)."""
+    before = numba.config.DISABLE_JIT
+    numba.config.DISABLE_JIT = bool(on) or before
+    try:
+        yield
+    finally:
+        numba.config.DISABLE_JIT = before

@@ -1,0 +1,390 @@
+"""The scalar form of the band solver: the method of :func:`fbands._solver.solve`, one
+element at a time, for numba.
+
+Each function mirrors the array function named in its docstring, step for step: both forms
+take the same branches and iterate the same number of times on the same element
+(``tests/test_solver_forms.py`` checks it through :func:`trace_arrays`).  The divergence
+enters through its leaves (:mod:`fbands._jit.codegen`): ``F_near``, ``F_far``, ``dF``, the
+closed-form coefficients ``upper_a2 ... lower_a0`` and the constants imported below, which
+numba reads as compile-time constants.  The relative import of ``.leaves`` resolves in the
+package that :mod:`fbands._jit.loader` makes for each divergence; this file is never
+imported as ``fbands._jit.scalar``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+
+from fbands._jit.prims import INLINE, OPTS, fmax, fmin
+from fbands._solver import (
+    AT_ONE,
+    BRACKET_TOL,
+    CLOSED,
+    FAR_ABOVE,
+    GEOMETRIC_SPLIT,
+    JUST_BELOW,
+    LN2,
+    LP_CLOSED,
+    LP_TINY,
+    MAX_ITER,
+    NEAR_DOUBLE,
+    NEGATIVE_DISC,
+    NEWTON,
+    POLISHED,
+    SATURATED,
+    STEP_TOL,
+    TAIL_SWITCH,
+    TINY,
+    TOP_SLACK,
+    WIDTH_FLOOR,
+)
+
+from .leaves import (
+    CURVATURE,
+    F0,
+    FPRIME_INF,
+    HAS_LOWER,
+    HAS_TAIL_INF,
+    HAS_UPPER,
+    LOWER_SQUARED,
+    NEAR,
+    NEAR_DIFFERS,
+    TAIL0_A,
+    TAIL0_K,
+    TAIL0_KIND,
+    TAIL_INF_A,
+    TAIL_INF_B,
+    TAIL_INF_K,
+    TAIL_INF_M,
+    UPPER_SQUARED,
+    F_far,
+    F_near,
+    dF,
+    lower_a0,
+    lower_a1,
+    lower_a2,
+    upper_a0,
+    upper_a1,
+    upper_a2,
+)
+
+# The band function g, for the three equations (BandFunction, TinyUpper, AtOne).
+BAND, TINY_UPPER, LIMIT_AT_ONE = 0, 1, 2
+
+
+@numba.njit(**OPTS)
+def F(s):
+    """``F(s) = f(e^s)`` (``Divergence.kernels``: the near form for ``|s| < NEAR``)."""
+    if NEAR_DIFFERS and abs(s) < NEAR:
+        return F_near(s)
+    return F_far(s)
+
+
+@numba.njit(**OPTS)
+def log1mexp_one(z):
+    """:func:`log1mexp` of one float."""
+    if z > -LN2:
+        return math.log(-math.expm1(z))
+    return math.log1p(-math.exp(z))
+
+
+@numba.njit(**OPTS)
+def s_c_one(s, lp, lq, poq):
+    """``BandFunction.s_c``."""
+    xc = -poq * math.expm1(s)
+    if xc > -0.5:
+        return math.log1p(xc)
+    return log1mexp_one(fmin(lp + s, 0.0)) - lq
+
+
+@numba.njit(**OPTS)
+def times_one(w, c):
+    """``BandFunction._times``: ``w * c`` with ``0 * inf = 0``."""
+    if math.isfinite(c):
+        return w * c
+    return math.inf if w > 0 else 0.0
+
+
+@numba.njit(**OPTS)
+def tiny_terms(w, lp):
+    """``TinyUpper._T``: ``(T(w), T'(w))``."""
+    scale = math.exp(TAIL_INF_K * w + (1.0 - TAIL_INF_K) * lp)
+    if TAIL_INF_M == 0:
+        T = TAIL_INF_A * scale
+        return T, TAIL_INF_K * T
+    T = scale * (TAIL_INF_A * (w - lp) + TAIL_INF_B)
+    return T, TAIL_INF_K * T + TAIL_INF_A * scale
+
+
+@numba.njit(**OPTS)
+def value_and_slope_one(kind, s, lp, lq, p, q, poq):
+    """``value_and_slope`` of BandFunction (``kind`` BAND), TinyUpper or AtOne."""
+    if kind == LIMIT_AT_ONE:
+        return F(s) - math.expm1(s) * FPRIME_INF, dF(s) - math.exp(s) * FPRIME_INF
+    if kind == TINY_UPPER:
+        sc = log1mexp_one(fmin(s, 0.0))
+        T, dT = tiny_terms(s, lp)
+        if sc == -math.inf:
+            return T + F0, math.inf
+        return T + F(sc), dT - math.exp(s - sc) * dF(sc)
+    sc = s_c_one(s, lp, lq, poq)
+    if sc == -math.inf:
+        return p * F(s) + q * F0, math.inf
+    return p * F(s) + q * F(sc), p * (dF(s) - math.exp(s - sc) * dF(sc))
+
+
+@numba.njit(**OPTS)
+def complement_one(kind, s, lp, lq, poq):
+    """``complement`` of BandFunction (``kind`` BAND) or TinyUpper: ``(s_c, ds/ds_c)``."""
+    if kind == TINY_UPPER:
+        sc = log1mexp_one(fmin(s, 0.0))
+        return sc, -math.exp(sc - s)
+    sc = s_c_one(s, lp, lq, poq)
+    return sc, -math.exp(sc - s) / poq
+
+
+@numba.njit(**OPTS)
+def from_complement_one(kind, sc, lp, lq):
+    """``from_complement`` of BandFunction or TinyUpper."""
+    if kind == TINY_UPPER:
+        return log1mexp_one(fmin(sc, -1e-300)) if sc < 0 else math.nan
+    return math.log1p(-math.exp(sc + lq)) - lp
+
+
+@numba.njit(**OPTS)
+def newton_one(kind, upper, s, lo, hi, lp, lq, p, q, poq, delta):
+    """:func:`newton_edge` for one element: ``(root, iterations)``."""
+    sign = 1.0 if upper else -1.0
+    for it in range(1, MAX_ITER + 1):
+        g, slope = value_and_slope_one(kind, s, lp, lq, p, q, poq)
+        r = g - delta
+        if not (sign * r <= 0):
+            hi = s
+        else:
+            lo = s
+        num = math.log(g / delta) * g if g > FAR_ABOVE * delta else r
+        step = num / slope
+        cand = s - step
+        small = abs(step) <= STEP_TOL * abs(s)
+        if upper and kind != LIMIT_AT_ONE:
+            sc, ds_dsc = complement_one(kind, s, lp, lq, poq)
+            if sc < -LN2:
+                step_c = num / (slope * ds_dsc)
+                cand = fmin(from_complement_one(kind, sc - step_c, lp, lq), hi * JUST_BELOW)
+                small = (abs(step_c) <= STEP_TOL * abs(sc)
+                         or abs(cand - s) <= STEP_TOL * abs(s))
+        inside = cand > lo and cand < hi
+        alo, ahi = fmax(abs(lo), 1.0), fmax(abs(hi), 1.0)
+        far = lo * hi >= 0 and (alo > GEOMETRIC_SPLIT * ahi or ahi > GEOMETRIC_SPLIT * alo)
+        if not math.isfinite(lo):
+            mid = hi - fmax(abs(hi), 1.0)
+        elif far:
+            mid = math.copysign(1.0, lo + hi) * math.sqrt(alo * ahi)
+        else:
+            mid = 0.5 * (lo + hi)
+        converged = r == 0 or (small and math.isfinite(r) and math.isfinite(slope)
+                               and slope != 0)
+        converged = converged or hi - lo <= BRACKET_TOL * fmax(abs(hi), WIDTH_FLOOR)
+        s = fmin(fmax(cand, lo), hi) if (converged or inside) else mid
+        if converged:
+            return s, it
+    return math.nan, MAX_ITER
+
+
+@numba.njit(**OPTS)
+def lower_tail_one(lp, delta):
+    """:func:`_lower_tail` (nan where f has no usable tail at 0)."""
+    if TAIL0_KIND == 1:
+        return (math.log(delta / TAIL0_A) - lp) / TAIL0_K
+    if TAIL0_KIND == 2:
+        return -math.exp(math.log(delta / -TAIL0_A) - lp)
+    return math.nan
+
+
+@numba.njit(**OPTS)
+def initial_guess_one(upper, lp, poq, delta):
+    """:func:`_initial_guess`."""
+    w = math.sqrt(2.0 * delta / (CURVATURE * poq))
+    if upper:
+        return fmin(math.log1p(w), -0.5 * lp)
+    if w < TAIL_SWITCH:
+        return math.log1p(-w)
+    if TAIL0_KIND == 0:
+        return -w
+    return fmin(lower_tail_one(lp, delta), -1.0)
+
+
+@numba.njit(**INLINE)
+def quadratic_roots_one(a2, a1, a0):
+    """:func:`quadratic_roots`."""
+    disc = a1 * a1 - 4.0 * a2 * a0
+    disc = fmax(disc, 0.0) if disc >= -NEGATIVE_DISC * a1 * a1 else math.nan
+    root = math.sqrt(disc) if disc == disc else math.nan
+    t = -0.5 * (a1 + (root if a1 >= 0 else -root))
+    if a2 == 0:
+        return -a0 / a1, -a0 / a1
+    return t / a2, a0 / t
+
+
+@numba.njit(**INLINE)
+def closed_root_one(upper, a2, a1, a0, p, q):
+    """:func:`closed_root`: the root that is the edge, and whether it is ill-conditioned.
+    (Bitwise operators, not ``and``: the closed-form pass inlines this into a loop that
+    must vectorise.)"""
+    v1, v2 = quadratic_roots_one(a2, a1, a0)
+    if upper:
+        ok1 = (v1 > 0) & (v1 * p <= TOP_SLACK * q)
+        ok2 = (v2 > 0) & (v2 * p <= TOP_SLACK * q)
+        first = ok1 & ((not ok2) | (v1 <= v2))
+    else:
+        ok1, ok2 = v1 <= 1, v2 <= 1
+        first = ok1 & ((not ok2) | (v1 >= v2))
+    v = v1 if first else (v2 if ok2 else math.nan)
+    return v, a1 * a1 - 4.0 * a2 * a0 < NEAR_DOUBLE * a1 * a1
+
+
+@numba.njit(**OPTS)
+def closed_edge_one(upper, lp, lq, p, q, poq, delta):
+    """:func:`_closed_edge`: ``(log-edge, needs a polish)``."""
+    if upper:
+        a2, a1, a0 = upper_a2(p, q, delta), upper_a1(p, q, delta), upper_a0(p, q, delta)
+        squared = UPPER_SQUARED
+    else:
+        a2, a1, a0 = lower_a2(p, q, delta), lower_a1(p, q, delta), lower_a0(p, q, delta)
+        squared = LOWER_SQUARED
+    a2, a1, a0 = a2 + 0.0, a1 + 0.0, a0 + 0.0
+    if squared:
+        s, close = squared_edge_one(upper, a2, a1, a0, lp, lq, p, q, poq, delta)
+    else:
+        v, close = closed_root_one(upper, a2, a1, a0, p, q)
+        s = log_edge_one(upper, v)
+    return s, close
+
+
+@numba.njit(**OPTS)
+def log_edge_one(upper, v):
+    """:func:`log_edge`: ``log r`` from the root ``v``."""
+    if upper:
+        return math.log1p(v) if v > -1 else math.nan
+    return math.log(v) if v > 0 else (-math.inf if v == 0 else math.nan)
+
+
+@numba.njit(**OPTS)
+def squared_edge_one(upper, a2, a1, a0, lp, lq, p, q, poq, delta):
+    """:func:`_squared_edge`."""
+    v1, v2 = quadratic_roots_one(a2, a1, a0)
+    if upper:
+        ok1 = v1 > 0 and v1 * p <= TOP_SLACK * q
+        ok2 = v2 > 0 and v2 * p <= TOP_SLACK * q
+    else:
+        ok1 = v1 >= 0 and v1 <= 1
+        ok2 = v2 >= 0 and v2 <= 1
+    s1, s2 = log_edge_one(upper, v1), log_edge_one(upper, v2)
+    e1 = abs(value_and_slope_one(BAND, s1 if ok1 else 0.0, lp, lq, p, q, poq)[0] - delta)
+    e2 = abs(value_and_slope_one(BAND, s2 if ok2 else 0.0, lp, lq, p, q, poq)[0] - delta)
+    first = ok1 and ((not ok2) or e1 <= e2)
+    return (s1 if first else (s2 if ok2 else math.nan)), True
+
+
+@numba.njit(**OPTS)
+def polish_one(s, lo, hi, lp, lq, p, q, poq, delta):
+    """:func:`polish`."""
+    g, slope = value_and_slope_one(BAND, s, lp, lq, p, q, poq)
+    cand = s - (g - delta) / slope
+    if cand >= lo and cand <= hi and math.isfinite(s):
+        return cand
+    return s
+
+
+@numba.njit(**OPTS)
+def edge_one(upper, lo, hi, lp, lq, p, q, poq, delta):
+    """:func:`_edge`: ``(log-edge before saturation, how, iterations)``."""
+    has_closed = HAS_UPPER if upper else HAS_LOWER
+    if not has_closed or lp < LP_CLOSED:
+        s0 = initial_guess_one(upper, lp, poq, delta)
+        s, n = newton_one(BAND, upper, s0, lo, hi, lp, lq, p, q, poq, delta)
+        return s, NEWTON, n
+    s, close = closed_edge_one(upper, lp, lq, p, q, poq, delta)
+    if close:
+        return polish_one(s, lo, hi, lp, lq, p, q, poq, delta), POLISHED, 0
+    return s, CLOSED, 0
+
+
+@numba.njit(**OPTS)
+def tiny_one(lp, delta):
+    """:func:`_solve_tiny`: ``(log lower, log upper, upper's iterations)``."""
+    s_hi, n = math.nan, 0
+    if HAS_TAIL_INF:
+        m_term = math.log(-lp) if TAIL_INF_M != 0 else 0.0
+        w0 = (math.log(delta / TAIL_INF_A) - (1.0 - TAIL_INF_K) * lp - m_term) / TAIL_INF_K
+        w0 = fmin(w0, -LN2)
+        w, n = newton_one(TINY_UPPER, True, w0, -math.inf, 0.0, lp, 0.0, 0.0, 1.0, 0.0, delta)
+        if tiny_terms(0.0, lp)[0] + F0 <= delta:
+            w = 0.0
+        s_hi = w - lp
+    if math.isfinite(F0):
+        return -math.inf, s_hi, n
+    return lower_tail_one(lp, delta), s_hi, n
+
+
+@numba.njit(**OPTS)
+def at_one_one(delta):
+    """:func:`_solve_at_one`: ``(log lower edge at p = 1, iterations)``."""
+    if math.isinf(FPRIME_INF):
+        return 0.0, 0
+    if F0 + FPRIME_INF <= 0:  # pragma: no cover - excluded by convexity
+        return -math.inf, 0
+    s, n = newton_one(LIMIT_AT_ONE, False, -0.1, -math.inf, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0,
+                      delta)
+    if F0 + FPRIME_INF <= delta:
+        return -math.inf, n
+    return fmin(s, 0.0), n
+
+
+@numba.njit(**OPTS)
+def solve_one(lp, lq, p, q, delta):
+    """:func:`solve` for one element: ``(log lower, log upper, how lower, how upper,
+    iterations lower, iterations upper)``."""
+    if lp == 0:
+        s_lo, n_lo = at_one_one(delta)
+        return s_lo, 0.0, AT_ONE, AT_ONE, n_lo, 0
+    if lp < LP_TINY:
+        s_lo, s_hi, n_hi = tiny_one(lp, delta)
+        return s_lo, s_hi, TINY, TINY, 0, n_hi
+    poq = math.exp(lp - lq)
+    top = -lp
+    if p * F(-lp) + times_one(q, F0) <= delta:
+        s_hi, how_hi, n_hi = top, SATURATED, 0
+    else:
+        s_hi, how_hi, n_hi = edge_one(True, 0.0, top, lp, lq, p, q, poq, delta)
+        s_hi = fmin(fmax(s_hi, 0.0), top)
+    if times_one(p, F0) + q * F(-lq) <= delta:
+        s_lo, how_lo, n_lo = -math.inf, SATURATED, 0
+    else:
+        s_lo, how_lo, n_lo = edge_one(False, -math.inf, 0.0, lp, lq, p, q, poq, delta)
+        s_lo = fmin(s_lo, 0.0)
+    return s_lo, s_hi, how_lo, how_hi, n_lo, n_hi
+
+
+
+# ----------------------------------------------------------------------------- drivers
+
+
+@numba.njit(parallel=True, **OPTS)
+def solve_arrays(lp, lq, p, q, delta, out_lo, out_hi):
+    """:func:`solve_one` over flat float64 arrays (the inputs of
+    :class:`fbands._inputs.NumpyInputs`), in parallel."""
+    for i in numba.prange(lp.size):
+        out_lo[i], out_hi[i] = solve_one(lp[i], lq[i], p[i], q[i], delta[i])[:2]
+
+
+@numba.njit(parallel=True, **OPTS)
+def trace_arrays(lp, lq, p, q, delta, out_lo, out_hi, how, iters):
+    """:func:`solve_arrays` that also stores how each edge was found and Newton's
+    iterations (columns lower, upper): what the tests compare with the array form."""
+    for i in numba.prange(lp.size):
+        lo, hi, how_lo, how_hi, n_lo, n_hi = solve_one(lp[i], lq[i], p[i], q[i], delta[i])
+        out_lo[i], out_hi[i] = lo, hi
+        how[i, 0], how[i, 1], iters[i, 0], iters[i, 1] = how_lo, how_hi, n_lo, n_hi

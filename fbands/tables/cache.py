@@ -1,0 +1,124 @@
+"""The band tables this process holds: one cache object for every reader.
+
+:data:`TABLES` keeps, per ``(divergence, delta, layout)``, the :class:`~.build.TableSet`
+that the numba passes read (built cell by cell as data reaches it), the complete tables
+that the torch reader copies to a device (loaded from :mod:`.store` when an earlier process
+stored them, else built and stored), their copies on each device, and the lower edge at
+``p = 1`` the passes need.  At most :data:`MAX_TABLES` sets are kept; the least recently
+used goes first, with everything derived from it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from fbands import _solver
+from fbands._jit import loader
+from fbands.tables import layout, store
+from fbands.tables.build import LAYOUTS, Table, TableSet, build_tables, exact_log_edges
+
+__all__ = ["MAX_TABLES", "TABLES", "TableCache"]
+
+#: How many (divergence, delta, layout) table sets are kept (least recently used go first).
+#: A complete float64 pair takes about 9 MB and a float32 pair about 2.5 MB; one built for a
+#: batch's data holds only the cells the batch reached.
+MAX_TABLES = 16
+
+
+def _div_key(div) -> tuple[str, str]:
+    return div.name, str(div.f)
+
+
+class TableCache:
+    """Table sets keyed by ``(divergence, delta, layout)``, and what hangs off each: its
+    device copies (keyed by device as well) and its limit at ``p = 1`` (by output kind)."""
+
+    def __init__(self, max_sets: int = MAX_TABLES):
+        self.max_sets = max_sets
+        self._lock = threading.RLock()
+        self._sets: OrderedDict[tuple, TableSet] = OrderedDict()
+        self._derived: dict[tuple, dict] = {}
+
+    def clear(self) -> None:
+        """Forget every set (what a fresh process holds)."""
+        with self._lock:
+            self._sets.clear()
+            self._derived.clear()
+
+    def _key(self, div, delta: float, layout_name: str) -> tuple:
+        return (*_div_key(div), float(delta), layout_name)
+
+    def table_set(self, div, delta: float, layout_name: str = "float64") -> TableSet:
+        """The :class:`TableSet` of ``div`` at ``delta`` (nothing built yet when new)."""
+        key = self._key(div, delta, layout_name)
+        with self._lock:
+            found = self._sets.get(key)
+            if found is None:
+                found = self._put(key, TableSet(div, delta, layout_name))
+            self._sets.move_to_end(key)
+            return found
+
+    def _put(self, key: tuple, ts: TableSet) -> TableSet:
+        self._sets[key] = ts
+        self._derived[key] = {}
+        while len(self._sets) > self.max_sets:
+            old, _ = self._sets.popitem(last=False)
+            self._derived.pop(old, None)
+        return ts
+
+    def complete(self, div, delta: float, layout_name: str = "float64") -> dict[bool, Table]:
+        """The complete tables of ``div`` at ``delta`` (``{log: Table}``): from the private
+        cache when an earlier process stored them, else built and stored."""
+        ts = self.table_set(div, delta, layout_name)
+        if ts.is_complete:
+            return ts.modes
+        if not ts.is_empty:
+            return ts.complete()
+        kbits = LAYOUTS[layout_name]["kbits"]
+        k = store.key(loader.kernels(div).name, delta,
+                      f"{layout_name} {sorted(LAYOUTS[layout_name].items())}")
+        found = store.load(k, kbits, layout.cell_count(kbits), layout.ROW, Table)
+        if found is None:
+            found = build_tables(div, delta, layout_name)
+            store.store(k, found)
+        with self._lock:
+            ts = self._put(self._key(div, delta, layout_name),
+                           TableSet.from_tables(div, delta, layout_name, found))
+        return ts.modes
+
+    def on_device(self, div, delta: float, layout_name: str, log: bool, table: Table,
+                  device, to_device):
+        """``to_device(table)`` for ``device``, made once per published table (a set that
+        gains cells publishes a new one) and kept while its set is."""
+        key = self._key(div, delta, layout_name)
+        with self._lock:
+            derived = self._derived.setdefault(key, {})
+            found = derived.get(("device", log, device))
+            if found is None or found[0] is not table:
+                found = derived[("device", log, device)] = (table, to_device(table))
+            return found[1]
+
+    def at_one(self, div, delta: float, layout_name: str, log: bool) -> float:
+        """The lower edge at ``p = 1`` (``log``: its log) by the exact solver: the limit the
+        passes store there (:meth:`fbands.Divergence.lower_limit_at_one`), kept with the
+        set of ``layout_name``."""
+        key = self._key(div, delta, layout_name)
+        with self._lock:
+            derived = self._derived.get(key)
+            if derived is not None and ("at_one", log) in derived:
+                return derived[("at_one", log)]
+        one = _solver.Inputs(np.zeros(1), np.full(1, np.log(_solver.Q_FLOOR)), np.ones(1),
+                             np.full(1, _solver.Q_FLOOR), np.full(1, float(delta)))
+        s_lo, _ = exact_log_edges(div, one, LAYOUTS["float64"]["refine"], from_logp=False)
+        value = float(s_lo[0]) if log else float(np.exp(s_lo[0]))
+        self.table_set(div, delta, layout_name)  # (the set the value is kept with)
+        with self._lock:
+            self._derived.setdefault(key, {})[("at_one", log)] = value
+        return value
+
+
+#: The process's tables.
+TABLES = TableCache()
