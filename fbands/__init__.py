@@ -17,6 +17,7 @@ from fbands.divergences import register as register
 from fbands.errors import BandError as BandError
 from fbands.errors import ConfigError as ConfigError
 from fbands.errors import DivergenceError as DivergenceError
+from fbands.errors import FBandsError as FBandsError
 from fbands.errors import LossError as LossError
 from fbands.schedules import AdaptiveDelta as AdaptiveDelta
 from fbands.schedules import DeltaSchedule as DeltaSchedule

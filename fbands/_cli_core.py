@@ -92,13 +92,11 @@ def _plot(args: argparse.Namespace) -> int:
             raise BandError("--match-p needs --compare-clip EPS")
         path = plot_bands(names, args.delta, args.output)
     else:
+        from fbands._checks import positive
+        from fbands.errors import BandError
         from fbands.plotting import plot_gain
 
-        eps = args.compare_clip
-        if not (math.isfinite(eps) and eps > 0):
-            from fbands.errors import BandError
-
-            raise BandError(f"--compare-clip must be a number > 0, got {eps!r}")
+        eps = positive("--compare-clip", args.compare_clip, BandError)
         path = plot_gain(names, args.delta, args.output, eps=eps, eps_high=None,
                          match_p=args.match_p)
     print(f"wrote {path}", file=sys.stderr)

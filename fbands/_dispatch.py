@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from fbands._inputs import check_kind, is_tensor, scalar_delta, valid_delta, work_dtype
+from fbands._checks import is_positive
+from fbands._inputs import check_kind, is_tensor, scalar_delta, work_dtype
 from fbands._jit.codegen import has_closed_pass
 from fbands._optional import raise_missing
 from fbands.divergences import Divergence, get
@@ -147,7 +148,7 @@ def plan(div: Divergence, p: Any, delta: Any, *, backend: str = "auto", logp: bo
 
 def _numba_path(div, p, delta, *, logp: bool, log: bool) -> str:
     d = scalar_delta(delta)
-    if (d is None or not valid_delta(d) or not isinstance(p, np.ndarray)
+    if (d is None or not is_positive(d) or not isinstance(p, np.ndarray)
             or p.dtype not in (np.float32, np.float64) or p.size == 0):
         return EXACT
     return CLOSED_PASS if not (logp or log) and has_closed_pass(div) else TABLE
@@ -262,7 +263,7 @@ def _why_not_device_table(p, delta) -> str | None:
     if p.is_meta:
         return "a meta tensor has no values to read the tables with"
     d = scalar_delta(delta)
-    if d is None or not valid_delta(d):
+    if d is None or not is_positive(d):
         return "delta is not one valid number (a radius per element takes the solver)"
     if work_dtype(p.device) != _torch().float64:
         return f"{p.device.type} has no float64 (the tables are read in float64)"

@@ -87,11 +87,6 @@ def scalar_delta(delta: Any) -> float | None:
     return None
 
 
-def valid_delta(d: float) -> bool:
-    """Whether a scalar radius is in ``(0, inf)``."""
-    return d > 0 and math.isfinite(d)
-
-
 def invalid_masks(x, d, logp: bool):
     """Element masks ``(bad_p, bad_d)`` of invalid ``p`` (or ``log p``) and ``delta``, for
     numpy arrays and torch tensors alike (no synchronisation: masks stay on the device).

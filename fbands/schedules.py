@@ -35,18 +35,14 @@ import operator
 import re
 from dataclasses import dataclass
 
+from fbands import _checks
 from fbands.errors import ConfigError
 
 KINDS = ("constant", "linear", "cosine", "poly", "hold_linear")
 
 
 def _positive(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{name} must be a number, got {value!r}")
-    value = float(value)
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
-    return value
+    return _checks.positive(name, value, ConfigError)
 
 
 def _count(name: str, value, minimum: int) -> int:
@@ -233,8 +229,7 @@ class AdaptiveDelta:
 
     def update(self, kl: float) -> float:
         """Apply the rule to a measured KL; returns the new radius."""
-        if isinstance(kl, bool) or not isinstance(kl, (int, float)) or not math.isfinite(kl):
-            raise ConfigError(f"the measured KL must be a finite number, got {kl!r}")
+        kl = _checks.number("the measured KL", kl, ConfigError)
         if kl > self.target_kl * self.tolerance or kl < self.target_kl / self.tolerance:
             err = math.log(max(kl, 1e-300) / self.target_kl)  # kl <= 0: far below
             step = min(max(self.gain * err, -math.log(self.factor)), math.log(self.factor))

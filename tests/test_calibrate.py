@@ -134,8 +134,8 @@ def test_compare_clip_plot(tmp_path, capsys):
     assert matched.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     capsys.readouterr()
     for argv, fragment in [
-        (["--compare-clip", "-0.1"], "--compare-clip must be a number > 0"),
-        (["--compare-clip", "nan"], "--compare-clip must be a number > 0"),
+        (["--compare-clip", "-0.1"], "--compare-clip must be a finite number > 0"),
+        (["--compare-clip", "nan"], "--compare-clip must be a finite number > 0"),
         (["--match-p", "0.3"], "--match-p needs --compare-clip"),
         (["--compare-clip", "0.2", "--match-p", "0.9"], "1 + eps <= 1/p"),
     ]:

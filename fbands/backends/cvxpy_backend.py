@@ -22,10 +22,11 @@ from collections.abc import Callable
 import numpy as np
 import sympy
 
+from fbands import _checks
 from fbands._inputs import NumpyInputs
 from fbands._optional import require
 from fbands.divergences import Divergence, get
-from fbands.errors import DivergenceError
+from fbands.errors import BandError, DivergenceError, SolverError
 
 
 def _cp():
@@ -134,11 +135,10 @@ def reference_band(
     build = expression(d)
     old = np.asarray(p_old, dtype=np.float64)
     if old.ndim != 1 or old.size < 2 or np.any(~(old > 0)) or abs(old.sum() - 1) > 1e-9:
-        raise ValueError("p_old must be a vector of n >= 2 positive probabilities summing to 1")
+        raise BandError("p_old must be a vector of n >= 2 positive probabilities summing to 1")
     if not 0 <= index < old.size:
-        raise ValueError(f"index {index} out of range for {old.size} tokens")
-    if not delta > 0:
-        raise ValueError(f"delta must be > 0, got {delta!r}")
+        raise BandError(f"index {index} out of range for {old.size} tokens")
+    delta = _checks.positive("delta", delta, BandError)
     pi = cp.Variable(old.size, nonneg=True)
     constraints = [cp.sum(pi) == 1, build(cp, pi, old) <= delta]
     out = []
@@ -146,7 +146,7 @@ def reference_band(
         problem = cp.Problem(sense(pi[index]), constraints)
         problem.solve(solver=solver)
         if problem.status not in ("optimal", "optimal_inaccurate"):
-            raise RuntimeError(f"cvxpy could not solve the band problem: {problem.status}")
+            raise SolverError(f"cvxpy could not solve the band problem: {problem.status}")
         out.append(max(float(problem.value), 0.0) / float(old[index]))
     return out[0], out[1]
 

@@ -9,10 +9,10 @@ spellings listed and raises :class:`fbands.ConfigError` naming the option otherw
 from __future__ import annotations
 
 import math
-import numbers
 
 import numpy as np
 
+from fbands import _checks
 from fbands.errors import ConfigError
 
 _TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
@@ -58,9 +58,7 @@ def as_float(name: str, value, *, optional: bool = False) -> float | None:
         if math.isnan(number) or "_" in value:
             raise ConfigError(f"{name} must be a number, got {value!r}")
         return number
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy scalars pass
-        raise ConfigError(f"{name} must be a number, got {value!r}")
-    return float(value)
+    return _checks.number(name, value, ConfigError, finite=False)  # (numpy scalars pass)
 
 
 def as_str(name: str, value) -> str:

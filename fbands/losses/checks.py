@@ -14,6 +14,7 @@ import math
 import torch
 from torch import Tensor
 
+from fbands import _checks
 from fbands.errors import LossError
 
 # Largest log-probability accepted (and read as 0): a float32 log-softmax can round a
@@ -165,10 +166,8 @@ def _denominator_checks(num_tokens, num_seqs, loss_scale_factor) -> list[_Check]
             if value.is_floating_point():
                 bad = bad | ~torch.isfinite(value)
             checks.append((bad.reshape(()), value.reshape(()), rule))
-        elif isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise LossError(f"{rule}, got {value!r}")
-        elif not (math.isfinite(value) and value > 0):
-            raise LossError(f"{rule}, got {value!r}")
+        else:
+            _checks.number(name, value, LossError, low=0.0, low_open=True)
     return checks
 
 

@@ -16,9 +16,9 @@ Nothing here needs torch.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
+from fbands import _checks
 from fbands.errors import LossError
 
 METHODS = (
@@ -191,20 +191,10 @@ class LossConfig:
                 )
 
 
-def _check_number(name, value, *, low=None, high=None, low_open=False) -> None:
-    """Raise :class:`LossError` unless ``value`` is a finite real (not a bool) in the range
-    given by ``low`` / ``high`` (``low_open``: ``low`` itself excluded)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok and low is not None:
-        ok = value > low if low_open else value >= low
-    if ok and high is not None:
-        ok = value <= high
-    if not ok:
-        lo = "-inf" if low is None else f"{low:g}"
-        left = "(" if low_open or low is None else "["
-        right = ")" if high is None else "]"
-        hi = "inf" if high is None else f"{high:g}"
-        raise LossError(f"{name} must be a finite number in {left}{lo}, {hi}{right}, got {value!r}")
+def _check_number(name, value, **rule) -> None:
+    """Raise :class:`LossError` unless ``value`` keeps the rule (:func:`fbands._checks.number`:
+    a finite real, not a bool, in the range given by ``low`` / ``high``)."""
+    _checks.number(name, value, LossError, **rule)
 
 
 def _dual_clip_c(cfg: LossConfig) -> float | None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fbands import _checks
 from fbands.errors import ConfigError
 from fbands.rl.pretrained import PRETRAINED, default_cache_dir, model_kind
 from fbands.rl.tasks import TAIL_REWARDED
@@ -61,7 +62,7 @@ HELP = {
     "warm_start_steps": "supervised warm-start steps (0: none); cached on disk",
     "warm_start_lr": "warm-start learning rate",
     "warm_start_batch": "warm-start examples per step",
-    "cache_dir": "warm-start cache ('' : $FBANDS_CACHE or ~/.cache/fbands)",
+    "cache_dir": "warm-start and model cache ('' : $FBANDS_CACHE_DIR or ~/.cache/fbands)",
     "steps": "RL steps (one rollout batch and its PPO epochs each)",
     "prompts_per_step": "prompts per RL step",
     "group_size": "samples per prompt (G)",
@@ -156,7 +157,7 @@ class TrainConfig:
     warm_start_steps: int = 600
     warm_start_lr: float = 3e-3
     warm_start_batch: int = 64
-    cache_dir: str = ""  # "" -> $FBANDS_CACHE or ~/.cache/fbands
+    cache_dir: str = ""  # "" -> $FBANDS_CACHE_DIR or ~/.cache/fbands
     # --- rollout -----------------------------------------------------------------------
     steps: int = 40  # RL steps (one rollout batch + its PPO epochs each)
     prompts_per_step: int = 16
@@ -204,12 +205,9 @@ class TrainConfig:
             need(ok, name, f"must be an integer >= {minimum}")
 
         def finite(name: str, low: float, high: float = math.inf, *, open_low=False) -> None:
-            value = getattr(self, name)
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            ok = ok and math.isfinite(value) and value <= high
-            ok = ok and (value > low if open_low else value >= low)
-            bracket = "(" if open_low else "["
-            need(ok, name, f"must be a finite number in {bracket}{low}, {high}]")
+            broken = _checks.violation(getattr(self, name), low=low, high=high,
+                                       low_open=open_low)
+            need(broken is None, name, broken)
 
         need(self.task in TASKS, "task", f"must be one of {TASKS}")
         need(self.device in DEVICES, "device", f"must be one of {DEVICES}")

@@ -1,0 +1,85 @@
+"""The one check of each scalar contract, for every door of the library.
+
+A radius, a step size, a clip range, a schedule's gain: each is a real number (not a bool)
+that is finite and lies in an interval.  :func:`number` checks that contract, and words the
+mistake the same way whichever door it came through; the door only chooses the class of
+the error, its own subclass of :class:`fbands.errors.FBandsError`
+(:func:`fbands.bounds` a :class:`~fbands.errors.BandError`, the losses a
+:class:`~fbands.errors.LossError`, configs and plug-ins a
+:class:`~fbands.errors.ConfigError`, the registry a
+:class:`~fbands.errors.DivergenceError`).  Arrays are judged element by element instead,
+by :func:`fbands._inputs.invalid_masks`, which names the first bad element and its index.
+
+>>> positive("delta", 0.05, ValueError)
+0.05
+>>> positive("delta", -1, ValueError)
+Traceback (most recent call last):
+...
+ValueError: delta must be a finite number > 0, got -1
+>>> number("delta", True, ValueError, finite=False)
+Traceback (most recent call last):
+...
+ValueError: delta must be a number, got True
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+__all__ = ["interval", "is_positive", "is_real", "number", "positive", "violation"]
+
+
+def is_real(value) -> bool:
+    """Whether ``value`` is a real number: an int, a float or a numpy scalar, not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def is_positive(value) -> bool:
+    """Whether ``value`` is a real number in ``(0, inf)`` (the radius of a band, and every
+    other strictly positive setting)."""
+    return is_real(value) and math.isfinite(value) and value > 0
+
+
+def interval(low: float, high: float, low_open: bool, high_open: bool) -> str:
+    """How a message states a range: ``> 0``, ``>= 1``, ``<= 1`` or ``in [0, 1]``."""
+    if high == math.inf:
+        return f"{'>' if low_open else '>='} {low:g}" if low > -math.inf else ""
+    if low == -math.inf:
+        return f"{'<' if high_open else '<='} {high:g}"
+    return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+
+def violation(value, *, low: float = -math.inf, high: float = math.inf,
+              low_open: bool = False, high_open: bool = False, finite: bool = True) -> str | None:
+    """The rule ``value`` breaks, or None.  The rule is stated whole, whatever broke it
+    (a bool, a string, nan, an infinity, a value out of range): ``"must be a finite number
+    > 0"``, with the interval as :func:`interval` states it.  ``finite=False`` lets the
+    infinities through, and the rule reads ``"must be a number"`` (nan never passes)."""
+    x = float(value) if is_real(value) else math.nan
+    inside = ((math.isfinite(x) or (not finite and x == x))
+              and (x > low if low_open else x >= low)
+              and (x < high if high_open else x <= high))
+    if inside:
+        return None
+    return ("must be a finite number" if finite else "must be a number") + _where(
+        low, high, low_open, high_open)
+
+
+def _where(low, high, low_open, high_open) -> str:
+    where = interval(low, high, low_open, high_open)
+    return " " + where if where else ""
+
+
+def number(name: str, value, error: type[Exception], **rule) -> float:
+    """``value`` as a float when it keeps the rule (the keywords of :func:`violation`),
+    else raise ``error``: ``"<name> must be a finite number > 0, got -1"``."""
+    broken = violation(value, **rule)
+    if broken is not None:
+        raise error(f"{name} {broken}, got {value!r}")
+    return float(value)
+
+
+def positive(name: str, value, error: type[Exception]) -> float:
+    """:func:`number` in ``(0, inf)``."""
+    return number(name, value, error, low=0.0, low_open=True)
