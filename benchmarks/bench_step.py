@@ -182,7 +182,7 @@ def trl_child(method: str, steps: int, out_dir: str) -> int:
     from fbands.rl.tasks import make_task
 
     torch.set_num_threads(1)  # as fbands train does for the tiny model
-    cfg = TrainConfig()
+    cfg = TrainConfig(cache_dir=str(Path(out_dir).parent / "warm-start"))  # part builtin's
     task = make_task(cfg)
     model, codec = load_policy(cfg, task, log=lambda msg: None)
     prompts = task.prompts(np.random.default_rng(0), 256)
@@ -233,7 +233,7 @@ TRL_METHODS = ("clip", "band-kl", "band-tv", "band-kl schedule", "trl")
 
 
 def part_trl(args, work: Path) -> dict:
-    env = user_env(FBANDS_CACHE=str(work / "warm-start"))  # the warm start of part builtin
+    env = user_env()
     rounds = []
     for r in range(args.rounds):
         order = TRL_METHODS if r % 2 == 0 else tuple(reversed(TRL_METHODS))

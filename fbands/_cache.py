@@ -22,7 +22,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-__all__ = ["root", "private_dir", "process_dir", "read_file", "holds", "write_file",
+__all__ = ["root", "private_dir", "folder", "process_dir", "read_file", "holds", "write_file",
            "read_json", "write_json"]
 
 #: Files larger than this are not read (a cache entry is a few kB).
@@ -35,9 +35,10 @@ def root() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "fbands"
 
 
-def private_dir(name: str) -> Path | None:
-    """``root() / name``, created if needed, when it is private to this user; else None."""
-    path = root() / name
+def private_dir(name: str, base: Path | None = None) -> Path | None:
+    """``base / name`` (``base``: :func:`root` by default), created if needed, when it is
+    private to this user; else None."""
+    path = (root() if base is None else Path(base)) / name
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         st = os.lstat(path)
@@ -64,6 +65,17 @@ def _parents_safe(path: Path) -> bool:
         if st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
             return False
     return True
+
+
+def folder(name: str, base: Path | None = None) -> Path:
+    """:func:`private_dir`, or ``name`` in this process's own directory (:func:`process_dir`)
+    when that is not safe to use: for files that must exist, and that nobody else may have
+    put there (numba's cache files, which it loads with pickle; converted models)."""
+    path = private_dir(name, base)
+    if path is None:
+        path = process_dir() / name
+        path.mkdir(mode=0o700, exist_ok=True)
+    return path
 
 
 _PROCESS_DIR: Path | None = None

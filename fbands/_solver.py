@@ -39,10 +39,21 @@ of times on the same element (``tests/test_solver_forms.py`` checks it, through
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from fbands._band_function import (  # noqa: F401  (LN2, LP_TINY ...: the method's names)
+    LN2,
+    LP_CLOSED,
+    LP_TINY,
+    AtOne,
+    BandFunction,
+    Inputs,
+    TinyUpper,
+    _lower_tail,
+    log1mexp,
+)
 
 if TYPE_CHECKING:
     from fbands.divergences import Divergence
@@ -68,9 +79,6 @@ FAR_ABOVE = 2.0
 #: A positive float times this is the float just below it (or one further): the upper
 #: edge's last step next to its bracket's end (see newton_edge).
 JUST_BELOW = 1.0 - 2.0**-52
-#: log 2: the upper edge steps in ``s_c = log c`` once ``c < 1/2`` (see newton_edge), and
-#: log1mexp switches its formula at ``-LN2``.
-LN2 = math.log(2.0)
 #: A bracket whose ends (floored at 1 in magnitude) differ by more than this factor is
 #: bisected geometrically: its arithmetic midpoint would gain one bit per step.
 GEOMETRIC_SPLIT = 4.0
@@ -103,190 +111,6 @@ TINY = 4
 AT_ONE = 5
 
 
-@dataclass
-class Inputs:
-    """Broadcast float64 arrays describing the old probability and the radius."""
-
-    lp: Any  # log p
-    lq: Any  # log(1 - p), floored at log(Q_FLOOR)
-    p: Any
-    q: Any
-    delta: Any
-
-
-def log1mexp(xp, z):
-    """``log(1 - exp(z))`` for ``z <= 0`` without cancellation (Maechler's switch)."""
-    near = z > -LN2
-    return xp.where(
-        near,
-        xp.log(-xp.expm1(xp.where(near, z, -1.0))),
-        xp.log1p(-xp.exp(xp.where(near, -1.0, z))),
-    )
-
-
-class BandFunction:
-    """``g(s)`` and ``g'(s)`` of one divergence for fixed inputs."""
-
-    def __init__(self, div: Divergence, xp, inputs: Inputs, kernels=None):
-        self.xp = xp
-        self.div = div
-        self.F, self.dF, self.closed = div.kernels(xp) if kernels is None else kernels
-        self.x = inputs
-        self.p_over_q = xp.exp(inputs.lp - inputs.lq)
-        number = getattr(xp, "from_decimal", None)  # a namespace of extended precision
-        self.f0 = div.f0 if number is None else number(div.derivation.f0_text)
-
-    def s_c(self, s):
-        xp, x = self.xp, self.x
-        xc = -self.p_over_q * xp.expm1(s)  # c - 1
-        use_log1p = xc > -0.5
-        return xp.where(
-            use_log1p,
-            xp.log1p(xp.where(use_log1p, xc, 0.0)),
-            log1mexp(xp, xp.minimum(x.lp + s, 0.0)) - x.lq,
-        )
-
-    #: Whether the upper edge may step in the complement variable (see newton_edge).
-    has_complement = True
-
-    def complement(self, s):
-        """``(s_c, ds/ds_c)``: the other token's log-ratio and the slope of the map back."""
-        sc = self.s_c(s)
-        return sc, -self.xp.exp(sc - s) / self.p_over_q
-
-    def from_complement(self, sc):
-        """``s`` from ``s_c``: ``r p = 1 - q c`` (nan where ``q c >= 1``)."""
-        return self.xp.log1p(-self.xp.exp(sc + self.x.lq)) - self.x.lp
-
-    def tail_guess(self):
-        s = _lower_tail(self.div, self.xp, self.x)
-        return None if s is None else self.xp.minimum(s, -1.0)
-
-    def _F_c(self, sc):
-        # c = 0 (r = 1/p) gives s_c = -inf, where F is its limit f(0).
-        xp = self.xp
-        at_zero = sc == -math.inf
-        return xp.where(at_zero, self.f0, self.F(xp.where(at_zero, 0.0, sc))), at_zero
-
-    def value(self, s):
-        x = self.x
-        Fc, _ = self._F_c(self.s_c(s))
-        return x.p * self.F(s) + x.q * Fc
-
-    def value_and_slope(self, s):
-        g_r, g_c, slope = self.terms_and_slope(s)
-        return g_r + g_c, slope
-
-    def terms_and_slope(self, s):
-        """``(p F(s), q F(s_c), g'(s))``: g's two terms apart (their sizes bound its
-        rounding)."""
-        xp, x = self.xp, self.x
-        sc = self.s_c(s)
-        Fc, at_zero = self._F_c(sc)
-        safe = xp.where(at_zero, 0.0, sc)
-        slope = x.p * (self.dF(s) - xp.exp(s - safe) * self.dF(safe))
-        return x.p * self.F(s), x.q * Fc, xp.where(at_zero, math.inf, slope)
-
-    # -- saturation -----------------------------------------------------------------------
-
-    def at_zero(self):
-        """``g`` at ``r = 0``: ``p f(0) + q f(1/q)``."""
-        g_r, g_c = self.zero_terms()
-        return g_r + g_c
-
-    def zero_terms(self):
-        """The two terms of :meth:`at_zero` apart."""
-        x = self.x
-        return self._times(x.p, self.f0), x.q * self.F(-x.lq)
-
-    def at_top(self):
-        """``g`` at ``r = 1/p``: ``p f(1/p) + q f(0)``."""
-        x = self.x
-        return x.p * self.F(-x.lp) + self._times(x.q, self.f0)
-
-    def _times(self, w, c):
-        # w * c with 0 * inf = inf (the weights here are > 0) but without nan.
-        return w * c if math.isfinite(c) else self.xp.where(w > 0, math.inf, 0.0) + 0.0 * w
-
-
-#: Below this log p the band follows from the tails of f alone (the terms neglected are
-#: O(p |log p|^2), below 1e-120 relative, for the built-in divergences), and above it F(s)
-#: stays finite up to s = -log p for generators growing like u^2.
-LP_TINY = -300.0
-#: Below this log p the closed-form coefficients (products of several p) underflow.
-LP_CLOSED = -150.0
-
-
-class TinyUpper(BandFunction):
-    """Upper edge for ``log p < LP_TINY``, in ``w = log v``, ``v = p r`` in ``(0, 1]``.
-
-    With ``f(u) ~ u^k (A (log u)^m + B)`` as ``u -> inf`` (:attr:`Derivation.tail_inf`),
-    ``p f(v / p) -> T(w) = exp(k w + (1 - k) log p) (A (w - log p)^m + B)`` and ``q -> 1``, so
-    ``g = T(w) + F(log(1 - v))``.  Each quantity stays representable although ``p`` and
-    ``1/p`` are not.
-    """
-
-    def __init__(self, div: Divergence, xp, inputs: Inputs, kernels=None):
-        super().__init__(div, xp, inputs, kernels)
-        self.A, self.k, self.m, self.B = div.derivation.tail_inf
-
-    def _T(self, w):
-        xp, lp = self.xp, self.x.lp
-        z = w - lp  # = log r >= 0
-        scale = xp.exp(self.k * w + (1 - self.k) * lp)
-        if not self.m:
-            T = self.A * scale
-            return T, self.k * T
-        T = scale * (self.A * z + self.B)
-        return T, self.k * T + self.A * scale
-
-    def value_and_slope(self, w):
-        xp = self.xp
-        sc = log1mexp(xp, xp.minimum(w, 0.0 * w))  # log(1 - v)
-        Fc, at_zero = self._F_c(sc)
-        T, dT = self._T(w)
-        safe = xp.where(at_zero, 0.0, sc)
-        slope = dT - xp.exp(w - safe) * self.dF(safe)
-        return T + Fc, xp.where(at_zero, math.inf, slope)
-
-    def value(self, w):
-        return self.value_and_slope(w)[0]
-
-    def complement(self, w):
-        xp = self.xp
-        sc = log1mexp(xp, xp.minimum(w, 0.0 * w))
-        return sc, -xp.exp(sc - w)
-
-    def from_complement(self, sc):
-        xp = self.xp
-        return xp.where(sc < 0, log1mexp(self.xp, xp.minimum(sc, -1e-300)), math.nan)
-
-    def guess(self):
-        """Root of ``T(w) = delta`` (the c-term dropped), at most ``log(1/2)``."""
-        xp, x = self.xp, self.x
-        m_term = xp.log(-x.lp) if self.m else 0.0
-        w = (xp.log(x.delta / self.A) - (1 - self.k) * x.lp - m_term) / self.k
-        return xp.minimum(w, -LN2)
-
-
-class AtOne(BandFunction):
-    """The lower edge at ``p = 1``: the root of ``f(r) + (1 - r) f'(inf) = delta``.
-
-    As ``p -> 1`` the second token's term ``q f((1 - r p) / q)`` tends to ``(1 - r) f'(inf)``;
-    ``p = 1`` itself is solved from that limit, exactly.
-    """
-
-    has_complement = False
-
-    def value_and_slope(self, s):
-        A = self.div.fprime_inf
-        g = self.F(s) - self.xp.expm1(s) * A
-        return g, self.dF(s) - self.xp.exp(s) * A
-
-    def value(self, s):
-        return self.value_and_slope(s)[0]
-
-
 def _solve_at_one(div: Divergence, xp, x: Inputs, fixed_iter, kernels=None):
     """Log lower edge at ``p = 1`` and its Newton iterations."""
     zero = 0.0 * x.lp
@@ -297,18 +121,6 @@ def _solve_at_one(div: Divergence, xp, x: Inputs, fixed_iter, kernels=None):
     fun = AtOne(div, xp, x, kernels)
     s, n = newton_edge(fun, "lower", zero - 0.1, zero - math.inf, zero, fixed_iter=fixed_iter)
     return xp.where(div.f0 + div.fprime_inf <= x.delta, -math.inf, xp.minimum(s, zero)), n
-
-
-def _lower_tail(div: Divergence, xp, x: Inputs):
-    """``log r`` solving ``p f(r) = delta`` from ``f ~ A r^k (log r)^m`` at 0, or None."""
-    if div.derivation.tail0 is None:
-        return None
-    A, k, m, _ = div.derivation.tail0
-    if m == 0 and k < 0:
-        return (xp.log(x.delta / A) - x.lp) / k
-    if m == 1 and k == 0 and A < 0:
-        return -xp.exp(xp.log(x.delta / -A) - x.lp)
-    return None
 
 
 def _solve_tiny(div: Divergence, xp, x: Inputs, fixed_iter, kernels=None):
@@ -334,77 +146,116 @@ def _solve_tiny(div: Divergence, xp, x: Inputs, fixed_iter, kernels=None):
     return s_lo, s_hi, n
 
 
-def quadratic_roots(xp, a2, a1, a0):
-    """Both real roots of ``a2 v^2 + a1 v + a0`` (nan where complex), without cancellation.
+def real_roots(xp, a2, a1, a0, zero):
+    """Both real roots of ``a2 v^2 + a1 v + a0`` without cancellation, and whether they are
+    ill-conditioned (nearly equal: the discriminant below :data:`NEAR_DOUBLE` ``a1^2``).
 
     ``t = -(a1 + sign(a1) sqrt(disc)) / 2`` adds numbers of one sign; the roots are ``t / a2``
-    and ``a0 / t`` (Vieta).  A linear equation (``a2 = 0``) gives its root twice.
+    and ``a0 / t`` (Vieta), nan where they are complex (a discriminant above
+    ``-NEGATIVE_DISC a1^2`` is a double root rounded below zero).  ``zero``: which of
+    ``(a2, a1)`` vanish identically in the form (:attr:`fbands.symbolic.ClosedForm.zero`),
+    static facts: a linear form gives its root twice, an even one ``+-sqrt(-a0 / a2)``.
+    Each division by ``a2`` or ``a1`` is a product with its reciprocal, which the compiled
+    pass shares between the forms (``1 / p`` for tv and chi2).  The scalar form,
+    :func:`fbands._jit.scalar.real_roots_one`, is the same formula.
     """
+    if zero[0]:
+        v = -a0 * (1.0 / a1)
+        return v, v, v < v  # (all False)
+    if zero[1]:
+        v = xp.sqrt(-a0 * (1.0 / a2))
+        return v, -v, v < v
     disc = a1 * a1 - 4.0 * a2 * a0
-    disc = xp.where(disc >= -NEGATIVE_DISC * a1 * a1, xp.maximum(disc, 0.0 * disc), math.nan)
-    root = xp.sqrt(disc)
+    root = xp.sqrt(xp.where(disc >= -NEGATIVE_DISC * a1 * a1, xp.maximum(disc, 0.0 * disc),
+                            math.nan))
     t = -0.5 * (a1 + xp.where(a1 >= 0, root, -root))
-    linear = a2 == 0
-    r1 = xp.where(linear, -a0 / a1, t / xp.where(linear, 1.0, a2))
-    r2 = xp.where(linear, -a0 / a1, a0 / t)
-    return r1, r2
+    return t * (1.0 / a2), a0 / t, disc < NEAR_DOUBLE * a1 * a1
 
 
-def closed_root(xp, upper: bool, a2, a1, a0, p, q):
-    """The root of ``a2 v^2 + a1 v + a0`` that is the edge (for a form that was not
-    squared), nan where there is none, and whether it is ill-conditioned.
+def newton_step(a2, a1, a0, v, zero):
+    """The Newton step ``P(v) / P'(v)`` of ``P = a2 v^2 + a1 v + a0`` (a linear ``P``: the
+    distance to its root, through the reciprocal that :func:`real_roots` takes)."""
+    if zero[0]:
+        return (a1 * v + a0) * (1.0 / a1)
+    return ((a2 * v + a1) * v + a0) / (2.0 * a2 * v + a1)
 
-    Upper edge, ``v = r - 1``: the smallest root in ``(0, q/p]`` (up to :data:`TOP_SLACK`),
-    the one nearest ``r = 1``, where ``g`` increases from 0.  Lower edge, ``v = r``: the
-    largest root up to 1; one below 0 says that the ball reaches ``r = 0``.  Two roots
-    closer than :data:`NEAR_DOUBLE` makes the polynomial ill-conditioned.  The closed-form
-    pass (:mod:`fbands._jit.closed_pass`) picks its edges by the scalar form of this
-    routine too.
+
+def smallest_positive(xp, v1, v2):
+    """The smaller of the positive ones of ``v1``, ``v2`` (inf where neither is)."""
+    return xp.minimum(xp.where(v1 > 0, v1, math.inf), xp.where(v2 > 0, v2, math.inf))
+
+
+def upper_root(xp, form, p, q, delta):
+    """The upper edge from its unsquared closed form in ``y = r - 1``: ``(y, ill)``, the
+    smallest positive root (inf where there is none: saturated; a root past ``q / p`` is
+    clamped by the caller), the one nearest ``r = 1``, where ``g`` increases from 0."""
+    (c2, c1, c0), _, zero = form
+    y1, y2, ill = real_roots(xp, c2(p, q, delta), c1(p, q, delta), c0(p, q, delta), zero)
+    return smallest_positive(xp, y1, y2), ill
+
+
+def lower_root(xp, form_y, form_r, p, q, delta, polish: bool = True):
+    """The lower edge from its unsquared closed forms: ``(r, ill)``.
+
+    The smallest positive root of the form in ``y = 1 - r`` (none, or one at ``y >= 1``:
+    saturated, ``r <= 0``) gives ``r`` without cancellation near 1.  Below ``r = 1/2`` its
+    absolute error of an ulp of 1 is too much for a small edge, and one Newton step on the
+    form in ``r`` (``polish``) brings it to that form's own accuracy.  ``ill``: either form
+    is ill-conditioned where it is used.  The closed-form pass takes its lower edges from the
+    scalar form of this routine (:func:`fbands._jit.scalar.lower_root_one`), with ``polish``
+    for float64 output only.
     """
-    v1, v2 = quadratic_roots(xp, a2, a1, a0)
-    if upper:
-        ok1, ok2 = ((v > 0) & (v * p <= TOP_SLACK * q) for v in (v1, v2))
-        first = ok1 & (~ok2 | (v1 <= v2))
-    else:
-        ok1, ok2 = v1 <= 1, v2 <= 1
-        first = ok1 & (~ok2 | (v1 >= v2))
-    v = xp.where(first, v1, xp.where(ok2, v2, math.nan))
-    return v, a1 * a1 - 4.0 * a2 * a0 < NEAR_DOUBLE * a1 * a1
+    (b2, b1, b0), _, zero_y = form_y
+    y1, y2, ill = real_roots(xp, b2(p, q, delta), b1(p, q, delta), b0(p, q, delta), zero_y)
+    r = 1.0 - smallest_positive(xp, y1, y2)
+    if not polish:
+        return r, ill
+    (c2, c1, c0), _, zero = form_r
+    a2, a1, a0 = (c(p, q, delta) + 0.0 * p for c in (c2, c1, c0))
+    below_half = r < 0.5
+    step = newton_step(a2, a1, a0, xp.where(below_half & (r > 0), r, 0.25), zero)
+    ill = ill | (below_half & real_roots(xp, a2, a1, a0, zero)[2])
+    return xp.where(below_half & (r > 0), r - step, r), ill
 
 
-def log_edge(xp, upper: bool, v):
-    """``log r`` from a closed form's root ``v`` (nan for a lower root below 0)."""
-    return xp.log1p(v) if upper else xp.log(v)
-
-
-def _squared_edge(fun: BandFunction, upper: bool, a2, a1, a0):
-    """The root of a squared form: of the roots inside the bracket, the one that solves
+def _squared_edge(fun: BandFunction, edge: str):
+    """The log-edge of a squared form: of the roots inside the bracket, the one that solves
     ``g = delta`` best (squaring may have added an extraneous one)."""
     xp, x = fun.xp, fun.x
-    v1, v2 = quadratic_roots(xp, a2, a1, a0)
-    if upper:  # v = r - 1 in (0, q/p]
-        ok1, ok2 = ((v > 0) & (v * x.p <= TOP_SLACK * x.q) for v in (v1, v2))
+    (c2, c1, c0), _, zero = fun.closed[edge]
+    a2, a1, a0 = (c(x.p, x.q, x.delta) + 0.0 * x.p for c in (c2, c1, c0))
+    v1, v2, _ = real_roots(xp, a2, a1, a0, zero)
+    if edge == "upper":  # v = r - 1 in (0, q/p]
+        ok1, ok2 = ((v > 0) & (v * fun.p_over_q <= TOP_SLACK) for v in (v1, v2))
+        s1, s2 = xp.log1p(v1), xp.log1p(v2)
     else:  # v = r in [0, 1]
         ok1, ok2 = ((v >= 0) & (v <= 1) for v in (v1, v2))
-    s1, s2 = log_edge(xp, upper, v1), log_edge(xp, upper, v2)
+        s1, s2 = xp.log(v1), xp.log(v2)
     e1 = xp.abs(fun.value(xp.where(ok1, s1, 0.0)) - x.delta)
     e2 = xp.abs(fun.value(xp.where(ok2, s2, 0.0)) - x.delta)
     first = ok1 & (~ok2 | (e1 <= e2))
     return xp.where(first, s1, xp.where(ok2, s2, math.nan))
 
 
+def unsquared(closed: dict, edge: str) -> bool:
+    """Whether ``edge`` is solved by its unsquared closed forms (:func:`upper_root`,
+    :func:`lower_root`), rather than by checking the roots of a form against ``g``."""
+    forms = ("upper",) if edge == "upper" else ("lower", "lower_y")
+    return all(name in closed and not closed[name][1] for name in forms)
+
+
 def _closed_edge(fun: BandFunction, edge: str):
-    """Log-edge from the closed form, before saturation (nan where it has no valid root), and
-    where it needs a polish: ill-conditioned roots, and every root of a squared form (which
-    may have merged a root with its extraneous twin)."""
+    """Log-edge from the closed forms, before saturation (nan where they give no valid
+    root), and where it needs a polish: ill-conditioned roots, and every root of a squared
+    form (which may have merged a root with its extraneous twin)."""
     xp, x = fun.xp, fun.x
-    (c2, c1, c0), squared = fun.closed[edge]
-    a2, a1, a0 = (c(x.p, x.q, x.delta) + 0.0 * x.p for c in (c2, c1, c0))
-    upper = edge == "upper"
-    if squared:
-        return _squared_edge(fun, upper, a2, a1, a0), x.p == x.p  # (all True)
-    v, close = closed_root(xp, upper, a2, a1, a0, x.p, x.q)
-    return log_edge(xp, upper, v), close
+    if not unsquared(fun.closed, edge):
+        return _squared_edge(fun, edge), x.p == x.p  # (all True)
+    if edge == "upper":
+        y, ill = upper_root(xp, fun.closed["upper"], x.p, x.q, x.delta)
+        return xp.log1p(y), ill
+    r, ill = lower_root(xp, fun.closed["lower_y"], fun.closed["lower"], x.p, x.q, x.delta)
+    return xp.log(r), ill
 
 
 def polish(fun: BandFunction, s, lo, hi):

@@ -25,7 +25,6 @@ alpha         ``(u**a - 1 - a (u - 1)) / (a (a - 1))``: Amari's alpha family, pa
 
 from __future__ import annotations
 
-import math
 import re
 import threading
 from functools import cached_property
@@ -33,7 +32,7 @@ from typing import Any
 
 import sympy as sp
 
-from fbands import _derived, _expr, symbolic
+from fbands import _checks, _derived, _expr, _generators, symbolic
 from fbands.errors import DivergenceError
 
 __all__ = ["Divergence", "available", "get", "register"]
@@ -109,8 +108,7 @@ class Divergence:
         The root in ``[0, 1]`` of ``f(r) + (1 - r) f'(inf) = delta`` (0 if there is none), or
         1 when ``f'(inf)`` is infinite.
         """
-        if not delta > 0:
-            raise DivergenceError(f"delta must be > 0, got {delta!r}")
+        delta = _checks.positive("delta", delta, DivergenceError)
         from fbands._solver import lower_limit_at_one
 
         return lower_limit_at_one(self, delta)
@@ -155,14 +153,14 @@ class Divergence:
         ``namespace`` is a module or mapping providing ``exp``, ``expm1``, ``log``, ``log1p``,
         ``sqrt``, ``sinh``, ``cosh``, ``sign``, ``where`` and ``abs``; one that also provides
         ``from_decimal`` (a constructor from a decimal string) gets :attr:`extended_sources`.
-        ``F`` selects the near form for ``|s| < NEAR``.  ``closed`` maps ``"upper"`` /
-        ``"lower"`` to a function ``(p, q, delta) -> (a2, a1, a0)`` and a ``squared`` flag,
-        for the edges that have one.
+        ``F`` selects the near form for ``|s| < NEAR``.  ``closed`` maps each closed form
+        the divergence has (``"upper"``, ``"lower"``, ``"lower_y"``: see
+        :class:`fbands.symbolic.ClosedForm`) to its coefficients ``a2, a1, a0`` as functions
+        of ``(p, q, delta)``, its ``squared`` flag and its ``zero`` facts.
         """
-        key = id(namespace)
-        cache = self.__dict__.setdefault("_kernel_cache", {})
-        if key in cache:
-            return cache[key]
+        found = _BOUND.get((id(self), id(namespace)))
+        if found is not None:
+            return found[2]
         ns = namespace if isinstance(namespace, dict) else vars(namespace)
         extended = "from_decimal" in ns
         names = (*symbolic._FUNCTIONS, "abs", *(("from_decimal",) if extended else ()))
@@ -187,9 +185,15 @@ class Divergence:
         for edge, cf in (("upper", d.upper), ("lower", d.lower), ("lower_y", d.lower_y)):
             if cf is not None:
                 fns = [symbolic.bind(src[f"{edge}_a{i}"], ns) for i in (2, 1, 0)]
-                closed[edge] = (fns, cf.squared)
-        cache[key] = (F, dF, closed)
-        return cache[key]
+                closed[edge] = (fns, cf.squared, cf.zero)
+        # (both objects held with their bindings: their ids stay theirs)
+        _BOUND[(id(self), id(namespace))] = (self, namespace, (F, dF, closed))
+        return F, dF, closed
+
+
+#: The kernels of each divergence bound to each namespace (:meth:`Divergence.kernels`):
+#: ``(id(divergence), id(namespace)) -> (divergence, namespace, kernels)``.
+_BOUND: dict[tuple[int, int], tuple] = {}
 
 
 # ----------------------------------------------------------------------------- the registry
@@ -206,124 +210,6 @@ _ALIASES = {
     "neyman": "neyman_chi2",
     "jensen_shannon": "js",
 }
-
-
-def _parse_f(f: str | sp.Expr, params: tuple[str, ...]) -> sp.Expr:
-    if isinstance(f, str):
-        names = {"u": symbolic.U, **{k: sp.Symbol(k, real=True) for k in params}}
-        try:
-            return _expr.parse_expression(f, names)
-        except DivergenceError as err:
-            raise DivergenceError(f"cannot parse f = {f!r}: {err}") from None
-    if not isinstance(f, sp.Expr):
-        raise DivergenceError(f"f must be a sympy expression or a string, got {type(f).__name__}")
-    # Accept any symbol named u, whatever its assumptions.
-    f = f.xreplace({s: symbolic.U for s in f.free_symbols if s.name == "u"})
-    f = f.xreplace({s: sp.Symbol(s.name, real=True) for s in f.free_symbols if s.name in params})
-    extra = {s.name for s in f.free_symbols} - {"u", *params}
-    if extra:
-        raise DivergenceError(
-            f"f may only depend on u and the declared parameters {list(params)}, "
-            f"but it uses {sorted(extra)}"
-        )
-    _expr.check_nodes(f)
-    return f
-
-
-def _param_value(family: str, key: str, value: Any) -> sp.Rational:
-    """A family parameter as an exact rational: from a number, or a string in the grammar of
-    :mod:`fbands._expr` (``"1/2"``, ``"-1e-3"``); anything else is refused."""
-    if isinstance(value, str):
-        return _expr.parse_number(value)
-    if isinstance(value, bool) or not isinstance(value, (int, float, sp.Rational)):
-        raise DivergenceError(
-            f"{family}: {key} must be a number, got {type(value).__name__} {value!r}"
-        )
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise DivergenceError(f"{family}: {key} must be finite, got {value!r}")
-        return _expr.number(repr(value))  # the decimal a user wrote: 0.1 -> 1/10
-    return sp.Rational(value)
-
-
-def _check_generator(name: str, f: sp.Expr) -> None:
-    """Reject an ``f`` that is not 0 at 1, not finite on (0, inf), or visibly not convex."""
-    at_one = sp.simplify(f.subs(symbolic.U, 1))
-    if at_one != 0:
-        raise DivergenceError(f"{name}: f(1) must be 0, but f(1) = {at_one}")
-    fn = sp.lambdify(symbolic.U, f, "mpmath")
-    import mpmath
-
-    grid = [mpmath.mpf(10) ** (k / 4) for k in range(-40, 41)]
-    with mpmath.workdps(30):
-        try:
-            vals = [fn(x) for x in grid]
-        except (ValueError, ZeroDivisionError, TypeError) as err:
-            raise DivergenceError(f"{name}: f cannot be evaluated on (0, inf): {err}") from err
-        if any(not mpmath.isfinite(v) or mpmath.im(v) != 0 for v in vals):
-            raise DivergenceError(f"{name}: f must be real and finite on (0, inf)")
-        vals = [mpmath.re(v) for v in vals]
-        # Convexity: slopes of consecutive chords must not decrease.
-        slopes = [(vals[i + 1] - vals[i]) / (grid[i + 1] - grid[i]) for i in range(len(grid) - 1)]
-        for i in range(len(slopes) - 1):
-            if slopes[i + 1] < slopes[i] - mpmath.mpf(10) ** -20 * (1 + abs(slopes[i])):
-                raise DivergenceError(
-                    f"{name}: f is not convex (its chord slope decreases near u = "
-                    f"{float(grid[i + 1]):.3g})"
-                )
-    left = sp.limit(sp.diff(f, symbolic.U), symbolic.U, 1, "-")
-    right = sp.limit(sp.diff(f, symbolic.U), symbolic.U, 1, "+")
-    if left == right and not sp.diff(f, symbolic.U, 2).subs(symbolic.U, 1).is_positive:
-        raise DivergenceError(f"{name}: f must be strictly convex at u = 1 (f''(1) > 0)")
-    _check_growth(name, f)
-
-
-#: The largest power of u (or of 1/u at 0) a generator may grow like: beyond it the growth
-#: is taken for exponential, which the solver's search in log r cannot bracket.
-_MAX_GROWTH = 1000
-
-
-def _growth(f: sp.Expr, point) -> float:
-    """``lim u f'(u) / f(u)`` at ``point`` (0 or oo): the power of ``u`` that ``f`` grows
-    like there (inf for exponential growth), by sympy, else estimated with mpmath."""
-    import mpmath
-
-    u = symbolic.U
-    ratio = u * sp.diff(f, u) / f
-    try:
-        k = sp.limit(ratio, u, point, "+" if point == 0 else "-")
-        if k.is_extended_real and k.is_number:
-            return float(k)
-    except Exception:  # noqa: BLE001 - sympy's limit raises assorted errors
-        pass
-    fn = sp.lambdify(u, ratio, "mpmath")
-    with mpmath.workdps(30):
-        return float(abs(fn(mpmath.mpf(10) ** (-60 if point == 0 else 60))))
-
-
-def _check_growth(name: str, f: sp.Expr) -> None:
-    """Refuse a generator that grows faster than every power of ``u`` (or of ``1/u`` as
-    ``u -> 0``, where ``f`` is unbounded), such as ``cosh(u - 1) - 1``: the solver works in
-    ``s = log r`` and relies on power-law tails."""
-    checks = [(sp.oo, "u -> inf", "u")]
-    if _unbounded_at_zero(f):
-        checks.append((0, "u -> 0", "1/u"))
-    for point, where, var in checks:
-        k = _growth(f, point)
-        if abs(k) > _MAX_GROWTH:  # (nan: undecided, and the grid check above passed)
-            raise DivergenceError(
-                f"{name}: f grows faster than any power of {var} as {where} "
-                f"(u f'(u) / f(u) -> {k}); fbands supports generators with power-law "
-                f"growth (at most {var}**{_MAX_GROWTH})"
-            )
-
-
-def _unbounded_at_zero(f: sp.Expr) -> bool:
-    """Whether ``f(0+)`` is infinite (or sympy cannot tell: then the check runs anyway)."""
-    try:
-        return not sp.limit(f, symbolic.U, 0, "+").is_finite
-    except Exception:  # noqa: BLE001 - sympy's limit raises assorted errors
-        return True
 
 
 def register(
@@ -377,13 +263,13 @@ def register(
     if not overwrite and (name in _REGISTRY or name in _FAMILIES or name in _ALIASES):
         raise DivergenceError(f"a divergence named {name!r} exists; pass overwrite=True")
     params = tuple(params)
-    expr = _parse_f(f, params)
+    expr = _generators.parse_f(f, params)
     if params:
         _FAMILIES[name] = (expr, params, description)
         _REGISTRY.pop(name, None)
         return Divergence(name, expr, description)
     if check:
-        _check_generator(name, expr)
+        _generators.check_generator(name, expr)
     div = Divergence(name, expr, description)
     _REGISTRY[name] = div
     _FAMILIES.pop(name, None)
@@ -408,7 +294,7 @@ def _family_member(name: str, values: dict[str, Any]) -> Divergence:
         raise DivergenceError(
             f"{name} takes parameters {list(params)}; missing {missing}, unknown {unknown}"
         )
-    subs = {sp.Symbol(k, real=True): _param_value(name, k, values[k]) for k in params}
+    subs = {sp.Symbol(k, real=True): _generators.param_value(name, k, values[k]) for k in params}
     f = expr.subs(subs)
     if not f.has(sp.nan, sp.zoo):
         _expr.check_nodes(f)  # e.g. alpha(a=1e6): u**1000000 is refused, not expanded
@@ -420,7 +306,7 @@ def _family_member(name: str, values: dict[str, Any]) -> Divergence:
     label = ", ".join(f"{k}={subs[sp.Symbol(k, real=True)]}" for k in params)
     full = f"{name}({label})"
     if full not in _REGISTRY_MEMBERS:
-        _check_generator(full, f)
+        _generators.check_generator(full, f)
         chosen = {k: subs[sp.Symbol(k, real=True)] for k in params}
         _REGISTRY_MEMBERS[full] = Divergence(full, f, description, family=name, params=chosen)
     return _REGISTRY_MEMBERS[full]

@@ -15,7 +15,7 @@ they use what :func:`derive` computes from it once:
   expressions in ``p``, ``q = 1 - p`` and ``delta``.  The upper edge is solved for
   ``y = r - 1`` and the lower one for ``r`` itself, so that the root that matters is never a
   difference of nearly equal numbers; the roots are then taken by the cancellation-free
-  quadratic formula (:func:`fbands._solver.quadratic_roots`).
+  quadratic formula (:func:`fbands._solver.real_roots`).
 
 :func:`compile_expr` turns an expression into Python source over bare function names
 (``exp``, ``expm1``, ``log``, ``log1p``, ``sqrt``, ``sinh``, ``cosh``, ``sign``, ``abs``),
@@ -62,6 +62,12 @@ class ClosedForm:
 
     coeffs: tuple[sp.Expr, sp.Expr, sp.Expr]
     squared: bool
+
+    @property
+    def zero(self) -> tuple[bool, bool]:
+        """Whether ``a2`` and ``a1`` vanish identically (a linear form; one with no linear
+        term, such as chi2's in ``y``): the solvers' formula for the roots follows."""
+        return bool(self.coeffs[0] == 0), bool(self.coeffs[1] == 0)
 
 
 @dataclass(frozen=True)

@@ -49,8 +49,8 @@ print("[check-llm] versions: " + ", ".join(f"{n} {version(n)}" for n in names))
 EOF
 
 # An empty cache: the GGUF file is converted here, not taken from an earlier run.
-export FBANDS_CACHE="$work/cache" FBANDS_CACHE_DIR="$work/cache"
-mkdir "$FBANDS_CACHE"
+export FBANDS_CACHE_DIR="$work/cache"
+mkdir -m 700 "$FBANDS_CACHE_DIR"
 cd "$work"  # the installed copy is imported, never SOURCE
 say "training smollm2-135m for 2 steps (converts the model first)"
 "$py" -m fbands train --model smollm2-135m --steps 2 --max-new-tokens 8 \

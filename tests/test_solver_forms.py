@@ -100,3 +100,42 @@ def test_upper_edge_next_to_saturation_is_exact(div, backend):
     f = ref.GENERATORS[div]
     want = np.array([float(ref.edges(f, pi, di)[1]) for pi, di in zip(p, delta, strict=True)])
     np.testing.assert_allclose(hi, want, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("div", ["kl", "chi2", "tv", "hellinger"])
+def test_the_numba_modules_run_as_plain_python(div):
+    """The scalar solver and the closed-form pass are ordinary modules: run from their own
+    files as plain Python (what NUMBA_DISABLE_JIT=1 runs), against the same generated
+    leaves, they take the steps the compiled kernels take and give their edges."""
+    d = fbands.get(div)
+    rng = np.random.default_rng(5)
+    p = np.concatenate((np.exp(rng.uniform(np.log(1e-6), np.log(0.5), 60)),
+                        1.0 - np.exp(rng.uniform(np.log(1e-6), np.log(0.5), 40)), [1.0]))
+    delta = np.full(p.shape, 0.05)
+    with np.errstate(all="ignore"):
+        x = _solver.Inputs(np.log(p), np.log(np.maximum(1.0 - p, _solver.Q_FLOOR)), p,
+                           np.maximum(1.0 - p, _solver.Q_FLOOR), delta)
+    out = {}
+    def quiet():  # (plain Python meets the nan and inf that the kernels do)
+        return np.errstate(all="ignore")
+
+    for name, k in (("python", loader.python_kernels(d)), ("jit", loader.kernels(d))):
+        assert k.name.endswith("_python") == (name == "python")
+        lo, hi = np.empty(p.size), np.empty(p.size)
+        how, iters = np.empty((p.size, 2), np.int64), np.empty((p.size, 2), np.int64)
+        with quiet():
+            k.trace_arrays(x.lp, x.lq, x.p, x.q, x.delta, lo, hi, how, iters)
+        out[name] = [lo, hi, how, iters]
+        if k.closed_pass is not None:
+            c_lo, c_hi = np.empty(p.size), np.empty(p.size)
+            with quiet():
+                k.closed_pass(p, 0.05, 1e-60, 0.5, 1e-3, c_lo, c_hi, np.empty(1, np.int64))
+            out[name] += [c_lo, c_hi]
+    assert (loader.kernels(d).closed_pass is None) == (div in ("kl", "hellinger"))
+    np.testing.assert_array_equal(out["python"][2], out["jit"][2])  # the same branches
+    np.testing.assert_array_equal(out["python"][3], out["jit"][3])  # and iterations
+    for got, want in zip(out["python"][:2] + out["python"][4:],
+                         out["jit"][:2] + out["jit"][4:], strict=True):
+        same = (got == want) | (np.isnan(got) & np.isnan(want))
+        with quiet():
+            assert (same | (np.abs(got - want) <= 1e-13 * np.abs(want))).all()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 from fbands import symbolic
+from fbands._solver import unsquared
 
 __all__ = ["constants", "has_closed_pass", "leaves_source"]
 
@@ -29,10 +30,16 @@ def _forms(div) -> dict:
     return {"upper": d.upper, "lower": d.lower, "lower_y": d.lower_y}
 
 
+def _squared(div) -> dict[str, tuple]:
+    """The forms ``div`` has, as :func:`fbands._solver.unsquared` reads them."""
+    return {name: (None, cf.squared) for name, cf in _forms(div).items() if cf is not None}
+
+
 def has_closed_pass(div) -> bool:
-    """Whether ``div`` gets the closed-form pass: all three closed forms, none of them
-    squared (no root needs checking against g)."""
-    return all(cf is not None and not cf.squared for cf in _forms(div).values())
+    """Whether ``div`` gets the closed-form pass: both edges solved by their unsquared
+    closed forms (:func:`fbands._solver.unsquared`: no root needs checking against g)."""
+    forms = _squared(div)
+    return unsquared(forms, "upper") and unsquared(forms, "lower")
 
 
 def constants(div) -> dict[str, float | int | bool]:
@@ -50,19 +57,18 @@ def constants(div) -> dict[str, float | int | bool]:
     tail_inf = d.tail_inf if d.tail_inf is not None and d.tail_inf[0] > 0 else None
     A, k, m, B = tail_inf if tail_inf is not None else (math.nan,) * 4
     src = div.sources
-    zero = {f"{name.upper()}_ZERO": ((cf.coeffs[0] == 0, cf.coeffs[1] == 0) if cf is not None
-                                     else (False, False))
-            for name, cf in _forms(div).items()}
+    squared = _squared(div)
     return {
-        **{k: (bool(a), bool(b)) for k, (a, b) in zero.items()},
+        **{f"{name.upper()}_ZERO": cf.zero if cf is not None else (False, False)
+           for name, cf in _forms(div).items()},
+        "UPPER_UNSQUARED": unsquared(squared, "upper"),
+        "LOWER_UNSQUARED": unsquared(squared, "lower"),
         "F0": float(div.f0),
         "CURVATURE": float(curv) if math.isfinite(curv) and curv > 0 else 1.0,
         "FPRIME_INF": float(div.fprime_inf),
         "NEAR_DIFFERS": src["F_near"] != src["F_far"],
         "HAS_UPPER": d.upper is not None,
         "HAS_LOWER": d.lower is not None,
-        "UPPER_SQUARED": bool(d.upper is not None and d.upper.squared),
-        "LOWER_SQUARED": bool(d.lower is not None and d.lower.squared),
         "TAIL0_KIND": tail0_kind,
         "TAIL0_A": float(tail0_a),
         "TAIL0_K": float(tail0_k),

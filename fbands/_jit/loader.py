@@ -6,7 +6,8 @@ leaves (:func:`fbands._jit.codegen.leaves_source`) beside byte copies of
 needs: its on-disk cache (``cache=True``) is keyed by source file, so one file compiled
 against the leaves of several divergences would mix their machine code.  The folder's name
 is a hash of every text the compiled code depends on (the three files, and
-:mod:`fbands._jit.prims` and :mod:`fbands._solver` whose names they import), so a change to
+:mod:`fbands._jit.prims`, :mod:`fbands._solver` and :mod:`fbands._band_function`, whose
+names they import), so a change to
 any of them compiles afresh, and a second process loads the machine code from disk.
 
 Import safety: every file is written by this process, or kept only when its bytes are the
@@ -27,7 +28,7 @@ from types import ModuleType
 
 import numba
 
-from fbands import _cache, _solver
+from fbands import _band_function, _cache, _solver
 from fbands._jit import codegen, prims
 
 __all__ = ["Kernels", "cache_dir", "kernels", "package_files", "python_kernels"]
@@ -36,7 +37,7 @@ _HERE = Path(__file__).resolve().parent
 #: The modules compiled against the leaves, in import order.
 COMPILED = ("scalar", "closed_pass")
 #: Files whose text the compiled code depends on besides those of the package.
-_DEPENDS = (Path(prims.__file__), Path(_solver.__file__))
+_DEPENDS = tuple(Path(m.__file__) for m in (prims, _solver, _band_function))
 
 
 @dataclass(frozen=True)
@@ -53,12 +54,8 @@ class Kernels:
 def cache_dir() -> Path:
     """Where the packages (and numba's cache files inside them) live: ``numba`` in the
     private cache directory, or a directory of this process alone when that is not safe
-    to use (numba loads its cache files with pickle)."""
-    path = _cache.private_dir("numba")
-    if path is None:
-        path = _cache.process_dir() / "numba"
-        path.mkdir(mode=0o700, exist_ok=True)
-    return path
+    to use (numba loads its cache files with pickle): :func:`fbands._cache.folder`."""
+    return _cache.folder("numba")
 
 
 def package_files(div) -> dict[str, bytes]:
@@ -120,10 +117,13 @@ def _import(div, python: bool) -> Kernels:
     package.__path__ = []  # submodules are imported by path below, never searched for
     sys.modules[name] = package
     with _pure_python(python):
-        _exec(f"{name}.leaves", folder / "leaves.py")
-        mods = [_exec(f"{name}.{m}", (_HERE if python else folder) / f"{m}.py")
-                for m in COMPILED]
-    scalar, closed = mods
+        mods = [_exec(f"{name}.leaves", folder / "leaves.py")]
+        mods += [_exec(f"{name}.{m}", (_HERE if python else folder) / f"{m}.py")
+                 for m in COMPILED]
+    if python:  # the math the compiled kernels have: IEEE's, not the exceptions of math's
+        for mod in mods:
+            vars(mod).update({k: v for k, v in prims.IEEE.items() if k in vars(mod)})
+    _, scalar, closed = mods
     return Kernels(name, scalar.solve_arrays, scalar.trace_arrays,
                    closed.closed_pass if codegen.has_closed_pass(div) else None)
 

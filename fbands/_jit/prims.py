@@ -9,6 +9,7 @@ Every function is plain Python that numba compiles, so that it also runs as it i
 from __future__ import annotations
 
 import math
+import types
 
 import numba
 import numba.extending
@@ -31,6 +32,9 @@ INLINE = dict(inline="always", **OPTS)
 #: the few unsolved elements reads little.
 BLOCK = 4096
 
+#: The math of the kernels.  Compiled with ``error_model="numpy"`` it has IEEE semantics
+#: (nan and inf, never an exception), which the solver relies on; :data:`IEEE` is the same
+#: math for the kernels' modules run as plain Python (:func:`fbands._jit.loader.python_kernels`).
 exp = math.exp
 expm1 = math.expm1
 log = math.log
@@ -39,6 +43,15 @@ sqrt = math.sqrt
 sinh = math.sinh
 nan = math.nan
 cosh = math.cosh
+
+
+#: numpy's scalar functions in place of math's, and ``math`` itself, for plain Python.
+IEEE = {"exp": np.exp, "expm1": np.expm1, "log": np.log, "log1p": np.log1p, "sqrt": np.sqrt,
+        "sinh": np.sinh, "cosh": np.cosh,
+        "math": types.SimpleNamespace(exp=np.exp, expm1=np.expm1, log=np.log, log1p=np.log1p,
+                                      sqrt=np.sqrt, isfinite=np.isfinite, isinf=np.isinf,
+                                      copysign=np.copysign, floor=np.floor, inf=math.inf,
+                                      nan=math.nan)}
 
 
 @numba.njit(**INLINE)

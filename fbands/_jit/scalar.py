@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 import numba
+import numpy as np
 
 from fbands._jit.prims import INLINE, OPTS, fmax, fmin
 from fbands._solver import (
@@ -48,7 +49,9 @@ from .leaves import (
     HAS_LOWER,
     HAS_TAIL_INF,
     HAS_UPPER,
-    LOWER_SQUARED,
+    LOWER_UNSQUARED,
+    LOWER_Y_ZERO,
+    LOWER_ZERO,
     NEAR,
     NEAR_DIFFERS,
     TAIL0_A,
@@ -58,13 +61,17 @@ from .leaves import (
     TAIL_INF_B,
     TAIL_INF_K,
     TAIL_INF_M,
-    UPPER_SQUARED,
+    UPPER_UNSQUARED,
+    UPPER_ZERO,
     F_far,
     F_near,
     dF,
     lower_a0,
     lower_a1,
     lower_a2,
+    lower_y_a0,
+    lower_y_a1,
+    lower_y_a2,
     upper_a0,
     upper_a1,
     upper_a2,
@@ -217,75 +224,95 @@ def initial_guess_one(upper, lp, poq, delta):
 
 
 @numba.njit(**INLINE)
-def quadratic_roots_one(a2, a1, a0):
-    """:func:`quadratic_roots`."""
+def real_roots_one(a2, a1, a0, zero):
+    """:func:`real_roots`."""
+    if zero[0]:
+        v = -a0 * (1.0 / a1)
+        return v, v, False
+    if zero[1]:
+        v = math.sqrt(-a0 * (1.0 / a2))
+        return v, -v, False
     disc = a1 * a1 - 4.0 * a2 * a0
-    disc = fmax(disc, 0.0) if disc >= -NEGATIVE_DISC * a1 * a1 else math.nan
-    root = math.sqrt(disc) if disc == disc else math.nan
+    root = math.sqrt(fmax(disc, 0.0) if disc >= -NEGATIVE_DISC * a1 * a1 else math.nan)
     t = -0.5 * (a1 + (root if a1 >= 0 else -root))
-    if a2 == 0:
-        return -a0 / a1, -a0 / a1
-    return t / a2, a0 / t
+    return t * (1.0 / a2), a0 / t, disc < NEAR_DOUBLE * a1 * a1
 
 
 @numba.njit(**INLINE)
-def closed_root_one(upper, a2, a1, a0, p, q):
-    """:func:`closed_root`: the root that is the edge, and whether it is ill-conditioned.
-    (Bitwise operators, not ``and``: the closed-form pass inlines this into a loop that
-    must vectorise.)"""
-    v1, v2 = quadratic_roots_one(a2, a1, a0)
+def newton_step_one(a2, a1, a0, v, zero):
+    """:func:`newton_step`."""
+    if zero[0]:
+        return (a1 * v + a0) * (1.0 / a1)
+    return ((a2 * v + a1) * v + a0) / (2.0 * a2 * v + a1)
+
+
+@numba.njit(**INLINE)
+def smallest_positive_one(v1, v2):
+    """:func:`smallest_positive`."""
+    return min(v1 if v1 > 0.0 else math.inf, v2 if v2 > 0.0 else math.inf)
+
+
+@numba.njit(**INLINE)
+def upper_root_one(p, q, delta):
+    """:func:`upper_root`.  (Inlined, like the two below, into the closed-form pass, whose
+    loop must vectorise: every choice is a select.)"""
+    y1, y2, ill = real_roots_one(np.float64(upper_a2(p, q, delta)),
+                                 np.float64(upper_a1(p, q, delta)),
+                                 np.float64(upper_a0(p, q, delta)), UPPER_ZERO)
+    return smallest_positive_one(y1, y2), ill
+
+
+@numba.njit(**INLINE)
+def lower_root_one(p, q, delta, polish):
+    """:func:`lower_root`.  (Bitwise operators, not ``and``: see :func:`upper_root_one`.)"""
+    y1, y2, ill = real_roots_one(np.float64(lower_y_a2(p, q, delta)),
+                                 np.float64(lower_y_a1(p, q, delta)),
+                                 np.float64(lower_y_a0(p, q, delta)), LOWER_Y_ZERO)
+    r = 1.0 - smallest_positive_one(y1, y2)
+    if polish:  # (a constant at each call site)
+        a2 = np.float64(lower_a2(p, q, delta))
+        a1 = np.float64(lower_a1(p, q, delta))
+        a0 = np.float64(lower_a0(p, q, delta))
+        below_half = r < 0.5
+        step = below_half & (r > 0.0)
+        ill = ill | (below_half & real_roots_one(a2, a1, a0, LOWER_ZERO)[2])
+        r = r - newton_step_one(a2, a1, a0, r, LOWER_ZERO) if step else r
+    return r, ill
+
+
+@numba.njit(**OPTS)
+def squared_edge_one(upper, lp, lq, p, q, poq, delta):
+    """:func:`_squared_edge`."""
     if upper:
-        ok1 = (v1 > 0) & (v1 * p <= TOP_SLACK * q)
-        ok2 = (v2 > 0) & (v2 * p <= TOP_SLACK * q)
-        first = ok1 & ((not ok2) | (v1 <= v2))
+        v1, v2, _ = real_roots_one(upper_a2(p, q, delta) + 0.0, upper_a1(p, q, delta) + 0.0,
+                                   upper_a0(p, q, delta) + 0.0, UPPER_ZERO)
+        ok1 = v1 > 0 and v1 * poq <= TOP_SLACK
+        ok2 = v2 > 0 and v2 * poq <= TOP_SLACK
+        s1 = math.log1p(v1) if v1 > -1 else math.nan
+        s2 = math.log1p(v2) if v2 > -1 else math.nan
     else:
-        ok1, ok2 = v1 <= 1, v2 <= 1
-        first = ok1 & ((not ok2) | (v1 >= v2))
-    v = v1 if first else (v2 if ok2 else math.nan)
-    return v, a1 * a1 - 4.0 * a2 * a0 < NEAR_DOUBLE * a1 * a1
+        v1, v2, _ = real_roots_one(lower_a2(p, q, delta) + 0.0, lower_a1(p, q, delta) + 0.0,
+                                   lower_a0(p, q, delta) + 0.0, LOWER_ZERO)
+        ok1 = v1 >= 0 and v1 <= 1
+        ok2 = v2 >= 0 and v2 <= 1
+        s1 = math.log(v1) if v1 > 0 else (-math.inf if v1 == 0 else math.nan)
+        s2 = math.log(v2) if v2 > 0 else (-math.inf if v2 == 0 else math.nan)
+    e1 = abs(value_and_slope_one(BAND, s1 if ok1 else 0.0, lp, lq, p, q, poq)[0] - delta)
+    e2 = abs(value_and_slope_one(BAND, s2 if ok2 else 0.0, lp, lq, p, q, poq)[0] - delta)
+    first = ok1 and ((not ok2) or e1 <= e2)
+    return s1 if first else (s2 if ok2 else math.nan)
 
 
 @numba.njit(**OPTS)
 def closed_edge_one(upper, lp, lq, p, q, poq, delta):
     """:func:`_closed_edge`: ``(log-edge, needs a polish)``."""
+    if not (UPPER_UNSQUARED if upper else LOWER_UNSQUARED):
+        return squared_edge_one(upper, lp, lq, p, q, poq, delta), True
     if upper:
-        a2, a1, a0 = upper_a2(p, q, delta), upper_a1(p, q, delta), upper_a0(p, q, delta)
-        squared = UPPER_SQUARED
-    else:
-        a2, a1, a0 = lower_a2(p, q, delta), lower_a1(p, q, delta), lower_a0(p, q, delta)
-        squared = LOWER_SQUARED
-    a2, a1, a0 = a2 + 0.0, a1 + 0.0, a0 + 0.0
-    if squared:
-        s, close = squared_edge_one(upper, a2, a1, a0, lp, lq, p, q, poq, delta)
-    else:
-        v, close = closed_root_one(upper, a2, a1, a0, p, q)
-        s = log_edge_one(upper, v)
-    return s, close
-
-
-@numba.njit(**OPTS)
-def log_edge_one(upper, v):
-    """:func:`log_edge`: ``log r`` from the root ``v``."""
-    if upper:
-        return math.log1p(v) if v > -1 else math.nan
-    return math.log(v) if v > 0 else (-math.inf if v == 0 else math.nan)
-
-
-@numba.njit(**OPTS)
-def squared_edge_one(upper, a2, a1, a0, lp, lq, p, q, poq, delta):
-    """:func:`_squared_edge`."""
-    v1, v2 = quadratic_roots_one(a2, a1, a0)
-    if upper:
-        ok1 = v1 > 0 and v1 * p <= TOP_SLACK * q
-        ok2 = v2 > 0 and v2 * p <= TOP_SLACK * q
-    else:
-        ok1 = v1 >= 0 and v1 <= 1
-        ok2 = v2 >= 0 and v2 <= 1
-    s1, s2 = log_edge_one(upper, v1), log_edge_one(upper, v2)
-    e1 = abs(value_and_slope_one(BAND, s1 if ok1 else 0.0, lp, lq, p, q, poq)[0] - delta)
-    e2 = abs(value_and_slope_one(BAND, s2 if ok2 else 0.0, lp, lq, p, q, poq)[0] - delta)
-    first = ok1 and ((not ok2) or e1 <= e2)
-    return (s1 if first else (s2 if ok2 else math.nan)), True
+        y, ill = upper_root_one(p, q, delta)
+        return (math.log1p(y) if y > -1 else math.nan), ill
+    r, ill = lower_root_one(p, q, delta, True)
+    return (math.log(r) if r > 0 else (-math.inf if r == 0 else math.nan)), ill
 
 
 @numba.njit(**OPTS)

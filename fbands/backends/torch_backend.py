@@ -151,21 +151,22 @@ def _namespace(dtype: torch.dtype) -> TorchNamespace:
     return _NAMESPACES[dtype]
 
 
-def _kernels(div, dtype: torch.dtype):
-    """``div.kernels`` bound to torch, kept on the divergence itself.
+#: ``div.kernels`` bound to torch, by (divergence name, dtype): ``(divergence, kernels)``.
+_TORCH_KERNELS: dict[tuple, tuple] = {}
 
-    Plain attribute and dict lookups are all that ``torch.compile`` has to trace once the
-    kernels exist; the first call for a divergence derives them with sympy, which dynamo
-    cannot trace: an eager call first (on the device-table path, a radius's second eager
-    call, which binds them with its complete tables: see :func:`device_table`).
+
+def _kernels(div, dtype: torch.dtype):
+    """``div.kernels`` bound to torch.
+
+    A plain dict lookup and an identity check are all that ``torch.compile`` has to trace
+    once the kernels exist; the first call for a divergence derives them with sympy, which
+    dynamo cannot trace: an eager call first (on the device-table path, a radius's second
+    eager call, which binds them with its complete tables: see :func:`device_table`).
     """
-    table = div.__dict__.get("_torch_kernels")
-    if table is None:
-        table = div.__dict__.setdefault("_torch_kernels", {})
-    found = table.get(dtype)
-    if found is None:
-        found = table[dtype] = div.kernels(_namespace(dtype))
-    return found
+    found = _TORCH_KERNELS.get((div.name, dtype))
+    if found is None or found[0] is not div:
+        found = _TORCH_KERNELS[(div.name, dtype)] = (div, div.kernels(_namespace(dtype)))
+    return found[1]
 
 
 def solve_log_edges(div, x: Inputs, *, tiny: bool = True, at_one: bool = True):

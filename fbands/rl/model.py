@@ -15,14 +15,14 @@ thousands of tokens therefore never holds more than ``chunk x vocab`` float32 lo
 from __future__ import annotations
 
 import inspect
-import os
-import tempfile
+import io
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from fbands import _cache
 from fbands.rl.pretrained import default_cache_dir
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
@@ -311,7 +311,8 @@ def warm_start(model, codec: Codec, task, cfg, device, log=print) -> str:
         if (i + 1) % max(1, cfg.warm_start_steps // 4) == 0:
             log(f"warm start {i + 1}/{cfg.warm_start_steps}: answer NLL {loss.item():.3f}")
     cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=cache, delete=False, suffix=".tmp") as f:
-        torch.save(model.state_dict(), f)
-    os.replace(f.name, path)
+    buf = io.BytesIO()
+    torch.save(model.state_dict(), buf)
+    if not _cache.write_file(path, buf.getvalue()):  # (atomic: never half a file)
+        return f"warm start: trained {cfg.warm_start_steps} steps (could not save {path})"
     return f"warm start: trained {cfg.warm_start_steps} steps, saved {path}"

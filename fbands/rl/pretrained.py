@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fbands import _cache
 from fbands.errors import ConfigError
 
 
@@ -47,8 +48,9 @@ PRETRAINED = {
 
 
 def default_cache_dir() -> Path:
-    """``$FBANDS_CACHE`` or ``~/.cache/fbands``."""
-    return Path(os.environ.get("FBANDS_CACHE") or Path.home() / ".cache" / "fbands")
+    """fbands' cache directory: ``$FBANDS_CACHE_DIR`` or ``~/.cache/fbands``
+    (:func:`fbands._cache.root`, the root of every cache of the library)."""
+    return _cache.root()
 
 
 def model_kind(name: str) -> str:
@@ -90,11 +92,14 @@ def builtin_gguf(name: str) -> Path:
 
 
 def converted_folder(gguf: Path, cache_dir: Path, label: str) -> Path:
-    """Where the conversion of ``gguf`` lives: keyed by its path, size and mtime."""
+    """Where the conversion of ``gguf`` lives: keyed by its path, size and mtime, in
+    ``models`` of ``cache_dir`` when that folder is private to this user, else in this
+    process's own directory (:func:`fbands._cache.folder`: a folder that another user could
+    write to is never read)."""
     stat = gguf.stat()
     key = f"{gguf.resolve()}|{stat.st_size}|{int(stat.st_mtime)}|v1"
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    return cache_dir / "models" / f"{label}-{digest}"
+    return _cache.folder("models", cache_dir) / f"{label}-{digest}"
 
 
 #: what a GGUF load may leave on the model object (and the config of each of its models):
