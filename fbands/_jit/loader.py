@@ -77,7 +77,10 @@ def _package_name(div, files: dict[str, bytes]) -> str:
 
 
 _LOCK = threading.Lock()
-_LOADED: dict[tuple, Kernels] = {}
+#: The kernels loaded, by (id of the divergence, pure Python): ``(divergence, kernels)``
+#: (the divergence held, so that its id stays its own; an identity key costs a call
+#: nothing, where printing its sympy generator would cost a fifth of a millisecond).
+_LOADED: dict[tuple, tuple] = {}
 
 
 def kernels(div) -> Kernels:
@@ -93,14 +96,16 @@ def python_kernels(div) -> Kernels:
 
 
 def _load(div, *, python: bool) -> Kernels:
-    key = (div.name, str(div.f), python)
+    key = (id(div), python)
     found = _LOADED.get(key)
     if found is not None:
-        return found
+        return found[1]
     with _LOCK:
         if key not in _LOADED:
-            _LOADED[key] = _import(div, python)
-        return _LOADED[key]
+            same = next((k for d, k in _LOADED.values() if d == div and
+                         k.name.endswith("_python") == python), None)
+            _LOADED[key] = (div, same if same is not None else _import(div, python))
+        return _LOADED[key][1]
 
 
 def _import(div, python: bool) -> Kernels:

@@ -28,8 +28,6 @@ __all__ = ["MAX_TABLES", "TABLES", "TableCache"]
 MAX_TABLES = 16
 
 
-def _div_key(div) -> tuple[str, str]:
-    return div.name, str(div.f)
 
 
 class TableCache:
@@ -49,7 +47,10 @@ class TableCache:
             self._derived.clear()
 
     def _key(self, div, delta: float, layout_name: str) -> tuple:
-        return (*_div_key(div), float(delta), layout_name)
+        # By identity (the divergence is held by its set): printing its sympy generator
+        # would cost a call a fifth of a millisecond.  Equal divergences made apart build
+        # their own tables (the registry hands out one object per name).
+        return id(div), float(delta), layout_name
 
     def table_set(self, div, delta: float, layout_name: str = "float64") -> TableSet:
         """The :class:`TableSet` of ``div`` at ``delta`` (nothing built yet when new)."""
@@ -61,7 +62,7 @@ class TableCache:
             self._sets.move_to_end(key)
             return found
 
-    def _put(self, key: tuple, ts: TableSet) -> TableSet:
+    def _put(self, key: tuple, ts: TableSet) -> TableSet:  # (ts.div keeps key[0] alive)
         self._sets[key] = ts
         self._derived[key] = {}
         while len(self._sets) > self.max_sets:

@@ -73,7 +73,7 @@ def block(x, start, stop, logp, want_log, exp_rows, coef, row_code, cells_info, 
     bad = 0
     for i in range(np.uint64(start), np.uint64(stop)):  # unsigned: see prims.at
         v = np.float64(x[i])
-        p, z, high, valid = prepare_z(v, logp, closed)
+        p, z, high, valid = prepare_z(v, logp, closed)  # (flags as floats: see prepare_z)
         row, u = locate(z, high, cells_info, kbits)
         lo, hi = horner(coef, row, u)
         code = at(row_code, row)
@@ -85,7 +85,7 @@ def block(x, start, stop, logp, want_log, exp_rows, coef, row_code, cells_info, 
         else:  # (0.0 - : log 1 gives +0.0)
             top = 0.0 - vlog(p) if want_log else 1.0 / p
             one = v == 1.0
-        more = (((code & (ROW_EXACT if exp_rows else LEFT)) != 0) & (not one)) | (not valid)
+        more = (((code & (ROW_EXACT if exp_rows else LEFT)) != 0) & (not one)) | (valid == 0.0)
         out_lo[i] = lower_out(lo, one, more, at_one)
         out_hi[i] = top if ((code & ROW_TOP) != 0) | one else hi
         bad += more

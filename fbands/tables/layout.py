@@ -142,17 +142,23 @@ def prepare_z(x, logp, closed):
     ``z = min(p, 1 - p)`` (exact on both sides; from one polynomial for log input,
     :func:`fbands._jit.vmath.p_and_z`), whether ``z`` is ``1 - p``, and whether ``x`` lies
     in ``[closed, 1]`` (``[closed, 0]``), the domain of the tables (nan fails).  Outside it
-    the element reads :data:`FILL_P` instead."""
+    the element reads :data:`FILL_P` instead.
+
+    The two flags are floats, 1.0 or 0.0: inlined into a pass, a tuple holding bools
+    (which numba stores as bytes) keeps the loop from vectorising, and costs it half its
+    speed; :func:`cell_index` takes the float flag as it is."""
     v = np.float64(x)
     if logp:
         valid = (v >= closed) & (v <= 0.0)
         lp = v if valid else FILL_LOGP
         p, z = p_and_z(lp)
-        return p, z, lp > -LN2, valid
-    valid = (v >= closed) & (v <= 1.0)
-    p = v if valid else FILL_P
-    high = p > 0.5
-    return p, (1.0 - p if high else p), high, valid
+        high = lp > -LN2
+    else:
+        valid = (v >= closed) & (v <= 1.0)
+        p = v if valid else FILL_P
+        high = p > 0.5
+        z = 1.0 - p if high else p
+    return p, z, np.float64(high), np.float64(valid)
 
 
 def prepare_z_array(x, logp: bool, closed: float, where, exp, expm1):
@@ -174,8 +180,9 @@ def prepare_z_array(x, logp: bool, closed: float, where, exp, expm1):
 @register_jitable(inline="always")
 def cell_index(bits, high, kbits):
     """Index in ``cells_info`` of the cell of one float64 ``z = min(p, 1 - p) > 0`` given as
-    its int64 ``bits`` (``high``: z is ``1 - p``).  Plain Python that numba-compiled code
-    may call too (``register_jitable``): :func:`locate` and the kernels' cell scan."""
+    its int64 ``bits`` (``high``, a bool or 1.0 / 0.0: z is ``1 - p``).  Plain Python that
+    numba-compiled code may call too (``register_jitable``): :func:`locate` and the
+    kernels' cell scan."""
     cells = np.int64(1) << kbits
     b = HALF_EXP - (bits >> MANT_BITS)
     j = (bits >> (MANT_BITS - kbits)) & (cells - 1)
@@ -192,7 +199,7 @@ def locate(z, high, cells_info, kbits):
     (inline) with numba; :func:`locate_array` is the same steps on arrays."""
     bits = np.float64(z).view(np.int64)
     cell = cell_index(bits, high, kbits)
-    info = cells_info[np.uint64(cell)]  # unsigned: no wrap-around select (see _table_kernels.at)
+    info = cells_info[np.uint64(cell)]  # unsigned: no wrap-around select (see fbands._jit.prims.at)
     sh = info & INFO_MASK
     rest = MANT_BITS - kbits - sh
     row = (info >> INFO_SHIFT) + ((bits >> rest) & ((np.int64(1) << sh) - 1))
