@@ -209,6 +209,9 @@ def _run(chosen: Plan, div, p, delta, options: dict, capacity):
 
 
 def _module(name: str):
+    found = sys.modules.get(BACKENDS[name])
+    if found is not None:
+        return found
     try:
         return importlib.import_module(BACKENDS[name])
     except ModuleNotFoundError as exc:  # numba (a core dependency) gone: say how to restore it

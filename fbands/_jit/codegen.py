@@ -37,9 +37,18 @@ def _squared(div) -> dict[str, tuple]:
 
 def has_closed_pass(div) -> bool:
     """Whether ``div`` gets the closed-form pass: both edges solved by their unsquared
-    closed forms (:func:`fbands._solver.unsquared`: no root needs checking against g)."""
-    forms = _squared(div)
-    return unsquared(forms, "upper") and unsquared(forms, "lower")
+    closed forms (:func:`fbands._solver.unsquared`: no root needs checking against g).
+    Asked on every call of the numba backend: kept per divergence (by identity)."""
+    found = _HAS_CLOSED_PASS.get(id(div))
+    if found is None or found[0] is not div:
+        forms = _squared(div)
+        found = _HAS_CLOSED_PASS[id(div)] = (
+            div, unsquared(forms, "upper") and unsquared(forms, "lower"))
+    return found[1]
+
+
+#: :func:`has_closed_pass` by id of the divergence: ``(divergence, answer)``.
+_HAS_CLOSED_PASS: dict[int, tuple] = {}
 
 
 def constants(div) -> dict[str, float | int | bool]:
