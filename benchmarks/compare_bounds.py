@@ -4,9 +4,10 @@ A refactoring must not slow the band down: this runs the backend table of
 ``benchmarks/bench_bounds.py`` (``--blocks main``) for a git revision (``--before``, checked
 out into a temporary worktree, with its own copy of the benchmark) and for the working tree,
 alternating the two ``--rounds`` times so that the drift of a shared machine falls on both,
-and reports for every row the median of each side and their ratio, for the time per token
-and for ``x copy`` (the time over a memory copy timed in the same loop, call for call, which
-the drift affects least).  Run it alone on the machine.
+and reports for every row the best of each side and their ratio, for the time per token
+and for ``x copy`` (the time over a memory copy timed in the same loop, call for call).  Each
+side's figure is its best round: the least time is the one a busy machine disturbed least.
+Run it alone on the machine.
 
 Run::
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,17 +44,18 @@ def run_bench(tree: Path, out: Path, full: bool) -> list[dict]:
 
 
 def compare(before: list[list[dict]], after: list[list[dict]]) -> list[dict]:
-    """Per row: the median ns/token and x copy of each side, and after / before."""
-    def medians(rounds):
+    """Per row: the best (least) ns/token and x copy of each side over its rounds, and
+    after / before.  The least time is the one a busy machine disturbed least."""
+    def best(rounds):
         rows = {}
         for results in rounds:
             for r in results:
                 rows.setdefault(tuple(r[k] for k in KEY), []).append(r)
-        return {k: {m: statistics.median(r[m] for r in v if r.get(m) is not None)
+        return {k: {m: min(r[m] for r in v if r.get(m) is not None)
                     for m in ("ns_per_token", "x_copy") if any(r.get(m) for r in v)}
                 for k, v in rows.items()}
 
-    b, a = medians(before), medians(after)
+    b, a = best(before), best(after)
     out = []
     for key in b:
         if key not in a or key[0] in ("copy", "bisection"):
@@ -78,8 +79,8 @@ def markdown(rows: list[dict], before: str, rounds: int, full: bool) -> str:
         "",
         f"`{before}` against the working tree, `bench_bounds.py --blocks main --env own"
         f"{'' if full else ' --quick'}`, {rounds} rounds each, the two taking turns; "
-        "medians per row.  `x copy`: the backend's time over a numpy copy of the same array "
-        "timed call for call (the ratio the machine's drift affects least).",
+        "the best round of each side per row.  `x copy`: the backend's time over a numpy "
+        "copy of the same array timed call for call.",
         "",
         f"Worst row, after / before: {worst('ns_per_token_ratio')} in ns/token, "
         f"{worst('x_copy_ratio')} in x copy; target at most 1.1.  (For the slow rows, numpy "

@@ -70,13 +70,15 @@ class Plan:
     device paths, whether the call may wait for the device, once: to count and solve on
     the host what the tables leave (``device-table``), and to skip the solver branches no
     element needs (``device-solver``); a traced or captured call may not, and does both
-    on the device.
+    on the device.  ``host``: on ``device-table`` with ``sync``, the numba path that
+    solves the tables' leftovers on the host.
     """
 
     backend: str
     path: str
     inner: str | None = None
     sync: bool = True
+    host: str | None = None
 
 
 def plan(div: Divergence, p: Any, delta: Any, *, backend: str = "auto", logp: bool,
@@ -143,7 +145,11 @@ def plan(div: Divergence, p: Any, delta: Any, *, backend: str = "auto", logp: bo
     sync = not (must_not_sync(device) if sync_free is None else sync_free)
     if is_tensor(p) and p.is_meta:  # no values to wait for
         sync = False
-    return Plan("torch", path, sync=sync)
+    host = None
+    if path == DEVICE_TABLE and sync:  # the leftovers, on the host, in p's precision
+        view = np.empty(1, np.float32 if p.dtype == _torch().float32 else np.float64)
+        host = _numba_path(div, view, delta, logp=logp, log=log)
+    return Plan("torch", path, sync=sync, host=host)
 
 
 def _numba_path(div, p, delta, *, logp: bool, log: bool) -> str:
@@ -203,7 +209,8 @@ def _run(chosen: Plan, div, p, delta, options: dict, capacity):
         x, radius, back = module.to_numpy(p, delta)
         return back(*numba_backend.PATHS[chosen.inner](div, x, radius, **options))
     if chosen.path == DEVICE_TABLE:
-        return module.device_table(div, p, scalar_delta(delta), sync=chosen.sync,
+        host = _module("numba").PATHS[chosen.host] if chosen.host else None
+        return module.device_table(div, p, scalar_delta(delta), sync=chosen.sync, host=host,
                                    capacity=capacity, **options)
     return module.device_solver(div, p, delta, probe=chosen.sync, **options)
 

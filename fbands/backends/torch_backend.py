@@ -290,15 +290,16 @@ def device_solver(div, p, delta, *, logp, invalid, check, log, probe: bool):
         return x.finish(lo, hi, log=log)
 
 
-def device_table(div, p, d: float, *, logp, invalid, check, log, sync: bool, capacity=None):
+def device_table(div, p, d: float, *, logp, invalid, check, log, sync: bool, host=None,
+                 capacity=None):
     """The ``device-table`` path: every element read from the tables, then the exact
     solver on the elements they leave (see the module docstring).
 
     ``sync``: one synchronisation counts the leftovers (and the invalid elements, to raise
-    when ``check``), and the numba backend solves them on the host.  Otherwise they go to
-    the fixed-count solver on the device through a buffer of static size ``capacity``
-    (default :func:`capacity`), and any beyond it get nan; ``check`` then synchronises
-    once to validate, and nothing else.
+    when ``check``), and ``host``, a path of the numba backend, solves them on the host.
+    Otherwise they go to the fixed-count solver on the device through a buffer of static
+    size ``capacity`` (default :func:`capacity`), and any beyond it get nan; ``check``
+    then synchronises once to validate, and nothing else.
     """
     layout = "float64" if p.dtype == torch.float64 else "float32"
     with torch.no_grad():
@@ -318,7 +319,7 @@ def device_table(div, p, d: float, *, logp, invalid, check, log, sync: bool, cap
         if sync:
             if n_more:
                 lo, hi = _fix_up_on_host(div, x, d, lo, hi, more, logp=logp, log=log,
-                                         layout=layout, dtype=p.dtype)
+                                         layout=layout, dtype=p.dtype, host=host)
         else:
             size = globals()["capacity"](x.numel()) if capacity is None else min(
                 int(capacity), x.numel())
@@ -352,13 +353,12 @@ def _fix_up(div, x, d: float, lo, hi, more, size: int, *, logp, log):
     return lo, hi
 
 
-def _fix_up_on_host(div, x, d: float, lo, hi, more, *, logp, log, layout, dtype):
-    """``lo, hi`` with every element marked ``more`` solved by the numba backend on the
-    host (after the call's synchronisation: a copy of those few elements each way, where
-    the device's fixed-count solver costs thousands of kernel launches).  The cells they
-    fall in are built first, so that the next call reads them on the device."""
-    from fbands.backends import numba_backend
-
+def _fix_up_on_host(div, x, d: float, lo, hi, more, *, logp, log, layout, dtype, host):
+    """``lo, hi`` with every element marked ``more`` solved on the host by ``host``, a
+    path of the numba backend (after the call's synchronisation: a copy of those few
+    elements each way, where the device's fixed-count solver costs thousands of kernel
+    launches).  The cells they fall in are built first, so that the next call reads them
+    on the device."""
     idx = torch.nonzero(more).reshape(-1)
     sub = x[idx].cpu().numpy()  # float64: p's values exactly
     ts = TABLES.table_set(div, d, layout)
@@ -366,8 +366,7 @@ def _fix_up_on_host(div, x, d: float, lo, hi, more, *, logp, log, layout, dtype)
         ts.cover(sub.astype(np.float32) if layout == "float32" else sub, logp)
     # float32 p: its own layout (the tables just built); others in float64, rounded once
     work = sub.astype(np.float32) if dtype == torch.float32 else sub
-    s_lo, s_hi = numba_backend.table(div, work, d, logp=logp, invalid="nan", check=False,
-                                     log=log)
+    s_lo, s_hi = host(div, work, d, logp=logp, invalid="nan", check=False, log=log)
     lo = lo.index_put((idx,), torch.from_numpy(s_lo).to(lo.device, lo.dtype))
     hi = hi.index_put((idx,), torch.from_numpy(s_hi).to(hi.device, hi.dtype))
     return lo, hi
