@@ -211,7 +211,7 @@ def _run(chosen: Plan, div, p, delta, options: dict, capacity):
     if chosen.path == DEVICE_TABLE:
         host = _module("numba").PATHS[chosen.host] if chosen.host else None
         return module.device_table(div, p, scalar_delta(delta), sync=chosen.sync, host=host,
-                                   capacity=capacity, **options)
+                                   size=capacity, **options)
     return module.device_solver(div, p, delta, probe=chosen.sync, **options)
 
 

@@ -291,14 +291,14 @@ def device_solver(div, p, delta, *, logp, invalid, check, log, probe: bool):
 
 
 def device_table(div, p, d: float, *, logp, invalid, check, log, sync: bool, host=None,
-                 capacity=None):
+                 size=None):
     """The ``device-table`` path: every element read from the tables, then the exact
     solver on the elements they leave (see the module docstring).
 
     ``sync``: one synchronisation counts the leftovers (and the invalid elements, to raise
     when ``check``), and ``host``, a path of the numba backend, solves them on the host.
     Otherwise they go to the fixed-count solver on the device through a buffer of static
-    size ``capacity`` (default :func:`capacity`), and any beyond it get nan; ``check``
+    ``size`` (default :func:`capacity`), and any beyond it get nan; ``check``
     then synchronises once to validate, and nothing else.
     """
     layout = "float64" if p.dtype == torch.float64 else "float32"
@@ -321,8 +321,7 @@ def device_table(div, p, d: float, *, logp, invalid, check, log, sync: bool, hos
                 lo, hi = _fix_up_on_host(div, x, d, lo, hi, more, logp=logp, log=log,
                                          layout=layout, dtype=p.dtype, host=host)
         else:
-            size = globals()["capacity"](x.numel()) if capacity is None else min(
-                int(capacity), x.numel())
+            size = capacity(x.numel()) if size is None else min(int(size), x.numel())
             if size < x.numel():
                 left = more & (torch.cumsum(more, 0) > size)  # beyond the buffer: nan
             if size:

@@ -29,7 +29,7 @@ from fbands import _solver
 from fbands._jit import loader, threads
 from fbands.backends import numpy_backend
 from fbands.tables import kernels
-from fbands.tables import layout as _table_layout
+from fbands.tables import layout as L
 
 __all__ = ["LAYOUTS", "Table", "TableSet", "build_tables", "exact_log_edges"]
 
@@ -47,10 +47,10 @@ __all__ = ["LAYOUTS", "Table", "TableSet", "build_tables", "exact_log_edges"]
 #: lower ratio below it everywhere on a row is stored as 0 (float32: a quarter of the
 #: smallest subnormal, so that it and the edge round to the same 0).
 LAYOUTS = {
-    "float64": {"kbits": _table_layout.KBITS["float64"], "tol": 1e-13,
+    "float64": {"kbits": L.KBITS["float64"], "tol": 1e-13,
                 "refine": numpy_backend.REFINE_ABOVE, "small_edge": numpy_backend.SMALL_EDGE,
                 "zero_below": 0.0},
-    "float32": {"kbits": _table_layout.KBITS["float32"], "tol": 1e-10, "refine": 1e-9,
+    "float32": {"kbits": L.KBITS["float32"], "tol": 1e-10, "refine": 1e-9,
                 "small_edge": 1e-6, "zero_below": 2.0**-151},
 }
 
@@ -70,25 +70,25 @@ def exact_log_edges(div, x: _solver.Inputs, refine: float, *, from_logp: bool):
 
 class Table:
     """Interpolation table of both edges of one divergence at one delta, in one mode (the
-    layout: :mod:`._table_layout`).
+    layout: :mod:`.layout`).
 
-    ``coef``: :data:`~._table_layout.ROW` coefficients a row; ``row_code``: each row's
+    ``coef``: :data:`~.layout.ROW` coefficients a row; ``row_code``: each row's
     flag bits; ``cells_info[cell]``: the cell's first row and extra mantissa bits.
     ``exp_lo``: whether any row gives its lower edge as the exponential of its polynomial.
     """
 
     def __init__(self, kbits, coef, row_code, cells_info):
         self.kbits, self.coef, self.row_code, self.cells_info = kbits, coef, row_code, cells_info
-        self.exp_lo = bool(np.any((row_code & _table_layout.ROW_EXP_LO) != 0))
+        self.exp_lo = bool(np.any((row_code & L.ROW_EXP_LO) != 0))
 
     @property
     def exact_fraction(self) -> float:
         """Share of the cells (refined cells counted by subrow) solved element by element."""
-        rows, sh = _table_layout.unpack_info(self.cells_info)
+        rows, sh = L.unpack_info(self.cells_info)
         share = np.empty(rows.size)
         for k in range(rows.size):
             codes = self.row_code[rows[k] : rows[k] + (1 << sh[k])]
-            share[k] = np.mean((codes & _table_layout.ROW_EXACT) != 0)
+            share[k] = np.mean((codes & L.ROW_EXACT) != 0)
         return float(share.mean())
 
 
@@ -122,7 +122,7 @@ class _Fitter:
     between the nodes."""
 
     def __init__(self, tol: float, zero_below: float):
-        m = _table_layout.DEG + 1
+        m = L.DEG + 1
         self.m, self.tol, self.zero_below = m, tol, zero_below
         self.nodes = np.cos(np.pi * (np.arange(m) + 0.5) / m)[::-1]
         self.checks = np.concatenate(([-1.0], 0.5 * (self.nodes[1:] + self.nodes[:-1]), [1.0]))
@@ -200,8 +200,8 @@ class _Fitter:
             c_lo[sat_lo, -1] = -math.inf if log else 0.0
             c_hi[sat_hi] = 0.0
             exact = ~((ok_lo | sat_lo) & (ok_hi | sat_hi)) | suspect.any(axis=1)
-            code = _table_layout.row_code(sat_hi, exact, exp_lo & ~exact)
-            coef = np.stack((c_lo, c_hi), axis=2).reshape(-1, _table_layout.ROW)
+            code = L.row_code(sat_hi, exact, exp_lo & ~exact)
+            coef = np.stack((c_lo, c_hi), axis=2).reshape(-1, L.ROW)
             out[log] = (coef, code)
         return out
 
@@ -222,18 +222,17 @@ def _fitter(layout: str) -> _Fitter:
 
 
 def _cell_rows(div, delta: float, layout: str, cells: np.ndarray, first_row: int,
-               levels=_table_layout.SUBBITS):
+               levels=L.SUBBITS):
     """The rows of table cells ``cells`` (indices into ``cells_info``, no catch-all cell):
     ``({log: (coef, code)}, info, provisional)``, the rows numbered from ``first_row`` on.
 
     One row per cell, unless ``levels`` starts with 0.  A cell whose row misses the
     tolerance takes the extra mantissa bits of the first of ``levels`` (see
-    :data:`~._table_layout.SUBBITS`) whose subrows all meet it, or of the last, where
+    :data:`~.layout.SUBBITS`) whose subrows all meet it, or of the last, where
     a subrow that still misses is marked to be solved exactly.  ``provisional``: the cells
     kept at an earlier level with ratio subrows that take an exp (:meth:`TableSet.refine`
     gives them the last level's rows).
     """
-    L = _table_layout
     kbits, refine = LAYOUTS[layout]["kbits"], LAYOUTS[layout]["refine"]
     fit = _fitter(layout)
     high = cells > L.NB_LO << kbits  # past the low side's catch-all cell
@@ -280,7 +279,7 @@ class TableSet:
     a half-built table.  A radius that changes every call thus costs the cells its data
     touches (a few hundred of a table's thousands for a typical batch), not a whole table.
 
-    A cell that needs shorter rows first tries two half rows (:data:`~._table_layout.SUBBITS`).
+    A cell that needs shorter rows first tries two half rows (:data:`~.layout.SUBBITS`).
     Where those give a lower edge as an exp, the cell is *provisional*: right for a radius
     met once, at the price of an exp per element; :meth:`refine`, called when the radius
     comes back, and :meth:`complete` give it the 64 short rows that fit ``r`` itself.  (The
@@ -288,7 +287,6 @@ class TableSet:
     """
 
     def __init__(self, div, delta: float, layout: str):
-        L = _table_layout
         self.div, self.delta, self.layout = div, float(delta), layout
         self.kbits = LAYOUTS[layout]["kbits"]
         n = L.cell_count(self.kbits)
@@ -332,9 +330,9 @@ class TableSet:
         """Give the provisional cells (half rows with an exp, built for a radius met once)
         the rows of the last level: called when the radius is used again."""
         if self.provisional.any():
-            self._add(np.nonzero(self.provisional)[0], _table_layout.SUBBITS[-1:])
+            self._add(np.nonzero(self.provisional)[0], L.SUBBITS[-1:])
 
-    def _add(self, cells: np.ndarray, levels=_table_layout.SUBBITS) -> bool:
+    def _add(self, cells: np.ndarray, levels=L.SUBBITS) -> bool:
         """Build ``cells`` (again, for provisional ones) at ``levels``; whether any."""
         with self._lock:
             cells = cells[~self.built[cells] | self.provisional[cells]]
@@ -358,7 +356,7 @@ class TableSet:
     def from_tables(cls, div, delta: float, layout: str, found: dict[bool, Table]):
         """A complete set from stored tables (:mod:`.store`)."""
         out = cls(div, delta, layout)
-        out._rows = {log: (t.coef.reshape(-1, _table_layout.ROW), t.row_code)
+        out._rows = {log: (t.coef.reshape(-1, L.ROW), t.row_code)
                      for log, t in found.items()}
         out.built[:] = True
         out._publish(found[True].cells_info)
@@ -368,7 +366,7 @@ class TableSet:
 def build_tables(div, delta: float, layout: str = "float64") -> dict[bool, Table]:
     """Build and validate every cell of the tables of ``div`` at ``delta``: ``{log: Table}``
     for log-edges (``True``) and ratios (``False``); see :class:`TableSet` and
-    :mod:`._table_layout`."""
+    :mod:`.layout`."""
     return TableSet(div, delta, layout).complete()
 
 

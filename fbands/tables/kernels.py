@@ -68,8 +68,8 @@ LEFT = ROW_EXACT | ROW_EXP_LO
 def block(x, start, stop, logp, want_log, exp_rows, coef, row_code, cells_info, kbits,
           closed, at_one, out_lo, out_hi):
     """One block of p (or log p, ``logp``): how many elements it leaves (see table_pass).
-    ``logp``, ``want_log`` and ``exp_rows`` are constants at every call site, so each
-    call compiles to its own loop without those branches."""
+    ``logp`` and ``exp_rows`` are constants at every call site, so each call compiles to
+    its own loop without those branches (``want_log`` is loop-invariant)."""
     bad = 0
     for i in range(np.uint64(start), np.uint64(stop)):  # unsigned: see prims.at
         v = np.float64(x[i])
@@ -98,7 +98,7 @@ def table_pass(x, logp, want_log, coef, row_code, cells_info, kbits, closed, at_
     """Band edges of a flat array for one scalar delta, from a (divergence, delta) table.
 
     ``x``: p (or log p when ``logp``); ``want_log``: write log-edges, else ratios;
-    ``coef``, ``row_code``, ``cells_info``, ``kbits``: the table (:mod:`._table_layout`).
+    ``coef``, ``row_code``, ``cells_info``, ``kbits``: the table (:mod:`.layout`).
     ``closed``: p (> 0; or log p) below which the shared solver's tail forms take over:
     those elements, like invalid ones, are left to the exact solver.  ``at_one``: the
     lower edge (or its log) at p = 1, the limit of the shared solver.  ``block_bad[b]``:
@@ -110,17 +110,10 @@ def table_pass(x, logp, want_log, coef, row_code, cells_info, kbits, closed, at_
         start = blk * BLOCK
         stop = min(start + BLOCK, n)
         if logp:
-            if want_log:
-                bad = block(x, start, stop, True, True, False, coef, row_code, cells_info,
-                            kbits, closed, at_one, out_lo, out_hi)
-            else:
-                bad = block(x, start, stop, True, False, False, coef, row_code, cells_info,
-                            kbits, closed, at_one, out_lo, out_hi)
-        elif want_log:
-            bad = block(x, start, stop, False, True, False, coef, row_code, cells_info,
+            bad = block(x, start, stop, True, want_log, False, coef, row_code, cells_info,
                         kbits, closed, at_one, out_lo, out_hi)
         else:
-            bad = block(x, start, stop, False, False, False, coef, row_code, cells_info,
+            bad = block(x, start, stop, False, want_log, False, coef, row_code, cells_info,
                         kbits, closed, at_one, out_lo, out_hi)
         block_bad[blk] = bad
 

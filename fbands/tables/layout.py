@@ -1,6 +1,6 @@
 """The layout of the band tables: the one definition of how a table is encoded and read.
 
-A table (built by :func:`fbands.backends.numba_backend.build_tables`) holds, for one
+A table (built by :func:`fbands.tables.build.build_tables`) holds, for one
 divergence at one radius, polynomials of both band edges on short cells of
 ``z = min(p, 1 - p)``.  Everything that knows where a cell, a row or a coordinate lies in
 the bits of ``z`` is here: the build, the numba kernels (:mod:`.kernels`), torch
@@ -40,7 +40,7 @@ HALF_EXP = EXP_BIAS - 1
 
 #: Cells per binade are ``2^kbits``, by output precision: a cell then spans at most
 #: ``2^-kbits`` of its own size, short enough for degree-``DEG`` rows to reach the
-#: tolerance of :data:`fbands.backends.numba_backend.LAYOUTS`; float32 needs 1e-10, not
+#: tolerance of :data:`fbands.tables.build.LAYOUTS`; float32 needs 1e-10, not
 #: 1e-13, so it gets by with 16 times fewer (and smaller tables).
 KBITS = {"float64": 6, "float32": 4}
 #: Degree of the row polynomials: with Chebyshev nodes on cells that short, 5 reaches
