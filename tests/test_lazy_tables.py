@@ -15,7 +15,8 @@ from fbands.tables.cache import TABLES  # noqa: E402
 
 
 @pytest.fixture
-def fresh(monkeypatch):
+def fresh(monkeypatch, tmp_path):
+    monkeypatch.setenv("FBANDS_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(TABLES, "_sets", type(TABLES._sets)())
     monkeypatch.setattr(TABLES, "_derived", {})
 
@@ -79,10 +80,12 @@ def test_a_cell_built_alone_equals_the_complete_tables(fresh):
     np.testing.assert_array_equal(out["partial"][1], out["full"][1])
 
 
-def test_half_rows_with_an_exp_are_refined_when_the_radius_comes_back(fresh):
-    """A radius met once may keep two half rows where the lower edge is an exp (cheap to
-    build); the next call with that radius gives those cells their 64 short rows.  Both
-    tables are exact to the float64 tolerance."""
+def test_a_radius_that_comes_back_gets_every_cell(fresh):
+    """A radius met once builds only the cells its data reaches, and may keep two half rows
+    where the lower edge is an exp (cheap to build; such a cell is *provisional*).  The
+    next call with that radius completes the tables (no provisional cell left) and stores
+    them, so that no later call builds anything.  Every table is exact to the float64
+    tolerance."""
     d, delta = fbands.get("kl"), 0.0437
     rng = np.random.default_rng(3)
     p = np.exp(rng.uniform(np.log(1e-6), np.log(1e-3), 20000))  # KL's r_lo ~ exp(-delta/p)
@@ -90,17 +93,24 @@ def test_half_rows_with_an_exp_are_refined_when_the_radius_comes_back(fresh):
     got = fbands.bounds(p, delta, "kl", backend="numba")
     ts = TABLES.table_set(d, delta, "float64")
     provisional = np.nonzero(ts.provisional)[0]
-    assert provisional.size > 0
+    assert provisional.size > 0 and not ts.is_complete
     _, extra = _table_layout.unpack_info(ts.modes[False].cells_info)
     assert np.all(extra[provisional] == 1)
     for g, w in zip(got, want, strict=True):  # (an ulp of a subnormal edge is more)
         assert np.all(np.abs(g - w) <= np.maximum(1e-12 * w, np.spacing(w)))
-    got = fbands.bounds(p, delta, "kl", backend="numba")
-    assert not ts.provisional.any()
+    other = 1.0 - np.exp(rng.uniform(np.log(1e-9), np.log(1e-2), 2000))  # cells not built
+    got = fbands.bounds(other, delta, "kl", backend="numba")
+    ts = TABLES.table_set(d, delta, "float64")
+    assert ts.is_complete and not ts.provisional.any()
     _, extra = _table_layout.unpack_info(ts.modes[False].cells_info)
     assert np.all(extra[provisional] == _table_layout.SUBBITS[-1])
-    for g, w in zip(got, want, strict=True):
+    for g, w in zip(got, _exact(other, delta, "kl"), strict=True):
         assert np.all(np.abs(g - w) <= np.maximum(1e-12 * w, np.spacing(w)))
-    complete = TableSet(d, delta, "float64")
-    complete.complete()
-    assert complete.is_complete and not complete.provisional.any()
+    for g, w in zip(fbands.bounds(p, delta, "kl", backend="numba"), want, strict=True):
+        assert np.all(np.abs(g - w) <= np.maximum(1e-12 * w, np.spacing(w)))
+    # A fresh process reads the stored tables: every cell, nothing built.
+    TABLES.clear()
+    fbands.bounds(p[:10], delta, "kl", backend="numba")  # (the first call: cells it reaches)
+    fbands.bounds(p[:10], delta, "kl", backend="numba")
+    ts = TABLES.table_set(d, delta, "float64")
+    assert ts.is_complete and not ts.provisional.any()

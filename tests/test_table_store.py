@@ -12,9 +12,9 @@ import pytest
 import fbands
 
 pytest.importorskip("fbands.backends.numba_backend")
-from fbands.tables import cache  # noqa: E402
 from fbands.tables import layout as _table_layout  # noqa: E402
 from fbands.tables import store as _table_store  # noqa: E402
+from fbands.tables.build import TableSet  # noqa: E402
 from fbands.tables.cache import TABLES  # noqa: E402
 
 DIV, DELTA, LAYOUT = "tv", 0.05, "float32"
@@ -31,13 +31,13 @@ def store(tmp_path, monkeypatch):
 @pytest.fixture
 def builds(monkeypatch):
     calls = []
-    real = cache.build_tables
+    real = TableSet.complete
 
-    def build(*args, **kwargs):
-        calls.append(args)
-        return real(*args, **kwargs)
+    def build(self):
+        calls.append((self.div, self.delta, self.layout))
+        return real(self)
 
-    monkeypatch.setattr(cache, "build_tables", build)
+    monkeypatch.setattr(TableSet, "complete", build)
     return calls
 
 

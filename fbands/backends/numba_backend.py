@@ -73,18 +73,13 @@ def table(div, p, delta, *, logp, invalid, check, log):
     layout = _layout(p.dtype)
     at_one = TABLES.at_one(div, d, layout, bool(log))
     ts = TABLES.table_set(div, d, layout)
-    if ts.is_empty:  # a radius new to this process: first the cells the data reaches
-        ts.cover(x, logp)
-    else:  # a radius used again: its provisional cells take their final rows (once)
-        ts.refine()
+    if not ts.is_complete:
+        if ts.met:  # a radius that comes back: every cell, once
+            ts = TABLES.complete_set(div, d, layout)
+        else:  # a radius new to this process: only the cells its data reaches
+            ts.cover(x, logp)
+            ts.met = True
     idx = _read(ts.modes[bool(log)], x, logp, log, closed, at_one, out_lo, out_hi)
-    if idx.size and not ts.is_complete and ts.cover(x[idx], logp):
-        # Some elements fell in cells not built yet (row 0, exact): read them again.
-        sub = x[idx]
-        sub_lo, sub_hi = np.empty_like(out_lo[idx]), np.empty_like(out_hi[idx])
-        left = _read(ts.modes[bool(log)], sub, logp, log, closed, at_one, sub_lo, sub_hi)
-        out_lo[idx], out_hi[idx] = sub_lo, sub_hi
-        idx = idx[left]
     return _finish(div, p, d, x, idx, out_lo, out_hi, logp=logp, invalid=invalid, check=check,
                    log=log)
 

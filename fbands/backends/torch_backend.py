@@ -8,22 +8,21 @@ torch paths, and :func:`fbands._dispatch.compute` calls them:
   zero-copy numpy view (bf16 and fp16 through a float64 copy): on a CPU its passes are much
   faster than elementwise torch kernels, and they agree with them to 1e-12.
 * ``device-table`` (a tensor and one scalar ``delta``: the usual call on a GPU): the
-  interpolation tables of the (divergence, delta) pair (:mod:`fbands.tables`), copied to
-  the device once, are read with torch operations (:mod:`fbands.tables.torch_reader`: bit
-  fields, gathers and two Horner chains, a few dozen elementwise kernels).  The elements
-  the tables leave (rows marked exact, ``log p < LP_CLOSED``) are solved in one of two
-  ways.  Eagerly, one
-  synchronisation counts them (and, with ``check=True``, the invalid input), and the
-  numba backend solves them on the host (:func:`_fix_up_on_host`): a count and two small
-  copies, where the fixed-count solver costs tens of thousands of kernel launches.  An
+  interpolation tables of the (divergence, delta) pair (:mod:`fbands.tables`), copied to the
+  device once, are read with torch operations (:mod:`fbands.tables.torch_reader`: bit
+  fields, gathers and two Horner chains, a few dozen elementwise kernels).  The elements the
+  tables leave (rows marked exact, ``log p < LP_CLOSED``) are solved in one of two ways.
+  Eagerly, one synchronisation counts them (and, with ``check=True``, the invalid input),
+  and the numba backend solves them on the host (:func:`_fix_up_on_host`): a count and two
+  small copies, where the fixed-count solver costs tens of thousands of kernel launches.  An
   eager call reads a radius's tables as far as they are built
   (:func:`fbands.tables.torch_reader.device_table`), and the host fix-up builds the cells
-  its leftovers reach.  While ``torch.compile`` traces the call or a CUDA graph is captured
-  (:func:`fbands._dispatch.must_not_sync`),
-  nothing synchronises: the leftovers are gathered by ``torch.nonzero_static`` into a
-  buffer of static size :func:`capacity` and solved by the fixed-count solver on the
-  device (:func:`_fix_up`); should more elements need it than the buffer holds, those
-  beyond it get nan (never a silently wrong edge).
+  its leftovers reach; from the radius's second call on, it reads the complete tables.
+  While ``torch.compile`` traces the call or a CUDA graph is captured
+  (:func:`fbands._dispatch.must_not_sync`), nothing synchronises: the leftovers are gathered
+  by ``torch.nonzero_static`` into a buffer of static size :func:`capacity` and solved by
+  the fixed-count solver on the device (:func:`_fix_up`); should more elements need it than
+  the buffer holds, those beyond it get nan (never a silently wrong edge).
 * ``device-solver`` (a per-token ``delta`` tensor, MPS, no numba): the shared solver
   (:mod:`fbands._solver`) on every element, bound to torch through
   :class:`TorchNamespace`, with a fixed number of Newton steps (:data:`NEWTON_STEPS`)
@@ -318,8 +317,9 @@ def device_table(div, p, d: float, *, logp, invalid, check, log, sync: bool, hos
                 raise_invalid(bad.reshape(p.shape), x.reshape(p.shape), False, d, logp)
         if sync:
             if n_more:
-                lo, hi = _fix_up_on_host(div, x, d, lo, hi, more, logp=logp, log=log,
-                                         layout=layout, dtype=p.dtype, host=host)
+                lo, hi = _fix_up_on_host(div, x, lo, hi, more, d, host=host, logp=logp,
+                                         log=log, dtype=p.dtype)
+            TABLES.table_set(div, d, layout).met = True  # the next call: complete tables
         else:
             size = capacity(x.numel()) if size is None else min(int(size), x.numel())
             if size < x.numel():
@@ -352,18 +352,15 @@ def _fix_up(div, x, d: float, lo, hi, more, size: int, *, logp, log):
     return lo, hi
 
 
-def _fix_up_on_host(div, x, d: float, lo, hi, more, *, logp, log, layout, dtype, host):
+def _fix_up_on_host(div, x, lo, hi, more, d: float, *, host, logp, log, dtype):
     """``lo, hi`` with every element marked ``more`` solved on the host by ``host``, a
     path of the numba backend (after the call's synchronisation: a copy of those few
     elements each way, where the device's fixed-count solver costs thousands of kernel
-    launches).  The cells they fall in are built first, so that the next call reads them
-    on the device."""
+    launches).  On a radius's first call the numba table path builds the cells they fall
+    in as it solves them."""
     idx = torch.nonzero(more).reshape(-1)
     sub = x[idx].cpu().numpy()  # float64: p's values exactly
-    ts = TABLES.table_set(div, d, layout)
-    if not ts.is_complete:
-        ts.cover(sub.astype(np.float32) if layout == "float32" else sub, logp)
-    # float32 p: its own layout (the tables just built); others in float64, rounded once
+    # float32 p: its own layout's tables; others in float64, rounded once
     work = sub.astype(np.float32) if dtype == torch.float32 else sub
     s_lo, s_hi = host(div, work, d, logp=logp, invalid="nan", check=False, log=log)
     lo = lo.index_put((idx,), torch.from_numpy(s_lo).to(lo.device, lo.dtype))

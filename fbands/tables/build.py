@@ -276,15 +276,23 @@ class TableSet:
     until it is built, and the two catch-all cells for good.  :meth:`cover` builds the
     cells that given elements fall in, :meth:`complete` all of them; either publishes new
     arrays (:attr:`modes`, ``{log: Table}``) in one assignment, so that a reader never sees
-    a half-built table.  A radius that changes every call thus costs the cells its data
-    touches (a few hundred of a table's thousands for a typical batch), not a whole table.
+    a half-built table.
+
+    The readers build in two steps (:attr:`met`): the first call with a radius builds the
+    cells its data reaches (a few hundred of a table's thousands for a typical batch, so
+    a radius that changes every call costs milliseconds), and the radius's next call
+    completes the set (:meth:`fbands.tables.cache.TableCache.complete_set`, which also
+    stores it on disk), so that a radius that comes back, a trainer's fixed one, never
+    builds again however its data moves.
 
     A cell that needs shorter rows first tries two half rows (:data:`~.layout.SUBBITS`).
     Where those give a lower edge as an exp, the cell is *provisional*: right for a radius
-    met once, at the price of an exp per element; :meth:`refine`, called when the radius
-    comes back, and :meth:`complete` give it the 64 short rows that fit ``r`` itself.  (The
-    rows it leaves stay in the arrays, unread.)
+    met once, at the price of an exp per element; :meth:`complete` gives it the 64 short
+    rows that fit ``r`` itself.  (The rows it leaves stay in the arrays, unread.)
     """
+
+    #: Whether a call has read this set already; the readers complete a set met before.
+    met = False
 
     def __init__(self, div, delta: float, layout: str):
         self.div, self.delta, self.layout = div, float(delta), layout
@@ -323,14 +331,9 @@ class TableSet:
     def complete(self) -> dict[bool, Table]:
         """Every cell built, none provisional: ``{log: Table}``."""
         self._add(np.nonzero(~self.built)[0])
-        self.refine()
-        return self.modes
-
-    def refine(self) -> None:
-        """Give the provisional cells (half rows with an exp, built for a radius met once)
-        the rows of the last level: called when the radius is used again."""
-        if self.provisional.any():
+        if self.provisional.any():  # half rows with an exp: the last level's rows
             self._add(np.nonzero(self.provisional)[0], L.SUBBITS[-1:])
+        return self.modes
 
     def _add(self, cells: np.ndarray, levels=L.SUBBITS) -> bool:
         """Build ``cells`` (again, for provisional ones) at ``levels``; whether any."""

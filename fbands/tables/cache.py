@@ -18,7 +18,7 @@ import numpy as np
 from fbands import _solver
 from fbands._jit import loader
 from fbands.tables import layout, store
-from fbands.tables.build import LAYOUTS, Table, TableSet, build_tables, exact_log_edges
+from fbands.tables.build import LAYOUTS, Table, TableSet, exact_log_edges
 
 __all__ = ["MAX_TABLES", "TABLES", "TableCache"]
 
@@ -71,24 +71,27 @@ class TableCache:
         return ts
 
     def complete(self, div, delta: float, layout_name: str = "float64") -> dict[bool, Table]:
-        """The complete tables of ``div`` at ``delta`` (``{log: Table}``): from the private
-        cache when an earlier process stored them, else built and stored."""
+        """The complete tables of ``div`` at ``delta`` (``{log: Table}``): see
+        :meth:`complete_set`."""
+        return self.complete_set(div, delta, layout_name).modes
+
+    def complete_set(self, div, delta: float, layout_name: str = "float64") -> TableSet:
+        """The set of ``div`` at ``delta`` with every cell built: from the private cache
+        when an earlier process stored it, else completed from the cells built so far (or
+        from none) and stored, so that the next process reads it."""
         ts = self.table_set(div, delta, layout_name)
         if ts.is_complete:
-            return ts.modes
-        if not ts.is_empty:
-            return ts.complete()
+            return ts
         kbits = LAYOUTS[layout_name]["kbits"]
         k = store.key(loader.kernels(div).name, delta,
                       f"{layout_name} {sorted(LAYOUTS[layout_name].items())}")
         found = store.load(k, kbits, layout.cell_count(kbits), layout.ROW, Table)
         if found is None:
-            found = build_tables(div, delta, layout_name)
-            store.store(k, found)
+            store.store(k, ts.complete())
+            return ts
         with self._lock:
-            ts = self._put(self._key(div, delta, layout_name),
-                           TableSet.from_tables(div, delta, layout_name, found))
-        return ts.modes
+            return self._put(self._key(div, delta, layout_name),
+                             TableSet.from_tables(div, delta, layout_name, found))
 
     def on_device(self, div, delta: float, layout_name: str, log: bool, table: Table,
                   device, to_device):

@@ -49,13 +49,14 @@ def device_table(div, d: float, layout_name: str, log: bool, device, *,
     from disk, on the first call; what a traced or captured call must read), or with
     ``complete=False`` the cells built so far for a radius new to the process (the host
     fix-up builds those its elements reach, so a radius that changes every call costs
-    milliseconds, not a complete build), and the complete one from its second call on."""
+    milliseconds, not a complete build), and the complete one once a call has read the
+    radius (:attr:`fbands.tables.build.TableSet.met`)."""
     key = (div.name, d, layout_name, bool(log), device)
     found = _READY.get(key)
     if found is not None and found[0] is div:
         return found[1]
     ts = TABLES.table_set(div, d, layout_name)
-    if not complete and ts.is_empty:
+    if not complete and not ts.met:
         return _on_device(div, d, layout_name, log, ts.modes[bool(log)], device)
     out = _on_device(div, d, layout_name, log, TABLES.complete(div, d, layout_name)[bool(log)],
                      device)
