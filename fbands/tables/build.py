@@ -221,17 +221,16 @@ def _fitter(layout: str) -> _Fitter:
     return _Fitter(cfg["tol"], cfg["zero_below"])
 
 
-def _cell_rows(div, delta: float, layout: str, cells: np.ndarray, first_row: int,
-               levels=L.SUBBITS):
+def _cell_rows(div, delta: float, layout: str, cells: np.ndarray, first_row: int):
     """The rows of table cells ``cells`` (indices into ``cells_info``, no catch-all cell):
-    ``({log: (coef, code)}, info, provisional)``, the rows numbered from ``first_row`` on.
+    ``({log: (coef, code)}, info)``, the rows numbered from ``first_row`` on.
 
-    One row per cell, unless ``levels`` starts with 0.  A cell whose row misses the
-    tolerance takes the extra mantissa bits of the first of ``levels`` (see
-    :data:`~.layout.SUBBITS`) whose subrows all meet it, or of the last, where
-    a subrow that still misses is marked to be solved exactly.  ``provisional``: the cells
-    kept at an earlier level with ratio subrows that take an exp (:meth:`TableSet.refine`
-    gives them the last level's rows).
+    One row per cell where it meets the tolerance.  A cell whose row misses it takes the
+    extra mantissa bits of the first level of :data:`~.layout.SUBBITS` whose subrows all
+    meet it (a ratio subrow may give its lower edge as an exp), or of the last, where a
+    subrow that still misses is marked to be solved exactly.  A cell's rows therefore
+    depend on the cell alone, never on which other cells are built with it or before it:
+    a table built cell by cell answers with the bits of a complete one.
     """
     kbits, refine = LAYOUTS[layout]["kbits"], LAYOUTS[layout]["refine"]
     fit = _fitter(layout)
@@ -239,9 +238,8 @@ def _cell_rows(div, delta: float, layout: str, cells: np.ndarray, first_row: int
     b, j = L.cell_of_row(kbits, np.where(high, cells - 1, cells))
     modes = {log: (np.empty((0, L.ROW)), np.empty(0, dtype=np.int64)) for log in (True, False)}
     info = np.zeros(cells.size, dtype=np.int64)
-    provisional = np.zeros(cells.size, dtype=bool)
     left = np.arange(cells.size)
-    for level, bits in enumerate(levels):
+    for level, bits in enumerate(L.SUBBITS):
         nsub = 1 << bits
         frac = ((np.arange(nsub)[:, None] + fit.w) / nsub)[None]  # (1, nsub, points)
         z = L.cell_z(kbits, b[left][:, None, None], j[left][:, None, None], frac)
@@ -250,22 +248,22 @@ def _cell_rows(div, delta: float, layout: str, cells: np.ndarray, first_row: int
         # A whole cell's row fits r itself or goes to subrows: an exp per element costs
         # the pass more than subrows cost the build (see ROW_EXP_LO).
         sub = fit(*_solve_z(div, z, on_high, delta, refine), allow_exp=bits > 0)
-        missed = (((sub[True][1] | sub[False][1]) & L.ROW_EXACT) != 0).reshape(left.size, -1)
-        last = level == len(levels) - 1
-        keep = np.ones(left.size, dtype=bool) if last else ~missed.any(axis=1)
+        last = level == len(L.SUBBITS) - 1
+        if last:
+            keep = np.ones(left.size, dtype=bool)
+        else:
+            codes = sub[True][1] | sub[False][1]
+            keep = ~((codes & L.ROW_EXACT) != 0).reshape(left.size, -1).any(axis=1)
         rows = np.repeat(keep, nsub)
         first = first_row + modes[True][0].shape[0]
         modes = {log: tuple(np.concatenate((m, s[rows])) for m, s in zip(modes[log], sub[log],
                                                                          strict=True))
                  for log in modes}
         info[left[keep]] = L.pack_info(first + nsub * np.arange(int(keep.sum())), bits)
-        if not last:
-            exp_rows = ((sub[False][1] & L.ROW_EXP_LO) != 0).reshape(left.size, -1)
-            provisional[left[keep]] = exp_rows[keep].any(axis=1)
         left = left[~keep]
         if not left.size:
             break
-    return modes, info, provisional
+    return modes, info
 
 
 class TableSet:
@@ -283,12 +281,8 @@ class TableSet:
     a radius that changes every call costs milliseconds), and the radius's next call
     completes the set (:meth:`fbands.tables.cache.TableCache.complete_set`, which also
     stores it on disk), so that a radius that comes back, a trainer's fixed one, never
-    builds again however its data moves.
-
-    A cell that needs shorter rows first tries two half rows (:data:`~.layout.SUBBITS`).
-    Where those give a lower edge as an exp, the cell is *provisional*: right for a radius
-    met once, at the price of an exp per element; :meth:`complete` gives it the 64 short
-    rows that fit ``r`` itself.  (The rows it leaves stay in the arrays, unread.)
+    builds again however its data moves.  A cell's rows depend on that cell alone
+    (:func:`_cell_rows`), so a call answers with the same bits whatever was built before.
     """
 
     #: Whether a call has read this set already; the readers complete a set met before.
@@ -300,7 +294,6 @@ class TableSet:
         n = L.cell_count(self.kbits)
         self.built = np.zeros(n, dtype=bool)
         self.built[[L.NB_LO << self.kbits, n - 1]] = True  # the catch-all cells stay exact
-        self.provisional = np.zeros(n, dtype=bool)
         exact = (np.zeros((1, L.ROW)), L.row_code([False], [True]))
         self._rows = {log: exact for log in (True, False)}
         self._lock = threading.Lock()
@@ -329,21 +322,18 @@ class TableSet:
         return self._add(np.nonzero(touched.view(bool) & ~self.built)[0])
 
     def complete(self) -> dict[bool, Table]:
-        """Every cell built, none provisional: ``{log: Table}``."""
+        """Every cell built: ``{log: Table}``."""
         self._add(np.nonzero(~self.built)[0])
-        if self.provisional.any():  # half rows with an exp: the last level's rows
-            self._add(np.nonzero(self.provisional)[0], L.SUBBITS[-1:])
         return self.modes
 
-    def _add(self, cells: np.ndarray, levels=L.SUBBITS) -> bool:
-        """Build ``cells`` (again, for provisional ones) at ``levels``; whether any."""
+    def _add(self, cells: np.ndarray) -> bool:
+        """Build ``cells`` (those not built yet); whether there was any."""
         with self._lock:
-            cells = cells[~self.built[cells] | self.provisional[cells]]
+            cells = cells[~self.built[cells]]
             if not cells.size:
                 return False
             first = self._rows[True][0].shape[0]
-            rows, info_new, provisional = _cell_rows(self.div, self.delta, self.layout, cells,
-                                                     first, levels)
+            rows, info_new = _cell_rows(self.div, self.delta, self.layout, cells, first)
             for log, (coef, code) in rows.items():
                 old_coef, old_code = self._rows[log]
                 self._rows[log] = (np.concatenate((old_coef, coef)),
@@ -351,7 +341,6 @@ class TableSet:
             info = self.modes[True].cells_info.copy()
             info[cells] = info_new
             self.built[cells] = True
-            self.provisional[cells] = provisional
             self._publish(info)
             return True
 

@@ -57,9 +57,9 @@ ROW_EXACT = 2
 #: polynomial in r itself (KL's r_lo ~ exp(-delta / p) at small p).
 ROW_EXP_LO = 4
 #: Extra mantissa bits a cell may take to choose one of ``2^bits`` rows, tried in this
-#: order by the build: none (one row; most cells), 1 (two half rows, cheap to build: a
-#: radius met once), 6 (64 times shorter rows: they resolve all but the few at the
-#: saturation thresholds themselves, and fit r where half rows need an exp).
+#: order by the build: none (one row; most cells), 1 (two half rows, cheap to build), 6
+#: (64 times shorter rows: they resolve all but the few at the saturation thresholds
+#: themselves).
 SUBBITS = (0, 1, 6)
 #: Bits of ``cells_info`` that hold a cell's extra mantissa bits (all SUBBITS < 16); the
 #: first row sits above them.
