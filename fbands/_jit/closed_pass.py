@@ -21,6 +21,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from fbands._jit import disk_cache
 from fbands._jit.prims import BLOCK, INLINE, OPTS, is_float64, lower_out
 
 from .scalar import lower_root_one, upper_root_one
@@ -62,3 +63,6 @@ def closed_pass(x, delta, p_closed, at_one, small_edge, out_lo, out_hi, block_ba
         stop = min(start + BLOCK, n)
         block_bad[blk] = closed_block(x, start, stop, delta, p_closed, at_one, small_edge,
                                       out_lo, out_hi)
+
+
+disk_cache.tolerate(globals())  # (a damaged cache file costs a compile, not a call)

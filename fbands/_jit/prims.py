@@ -15,6 +15,8 @@ import numba
 import numba.extending
 import numpy as np
 
+from fbands._jit import disk_cache
+
 __all__ = [
     "OPTS", "INLINE", "BLOCK", "exp", "expm1", "log", "log1p", "sqrt", "sinh", "cosh",
     "nan", "where", "sign", "fmin", "fmax", "is_float64", "at", "lower_out", "unfinished",
@@ -126,3 +128,6 @@ def unfinished(out_lo, block_bad):
                 k += 1
             i += 1
     return idx
+
+
+disk_cache.tolerate(globals())  # (a damaged cache file costs a compile, not a call)

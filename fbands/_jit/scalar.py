@@ -18,6 +18,7 @@ import math
 import numba
 import numpy as np
 
+from fbands._jit import disk_cache
 from fbands._jit.prims import INLINE, OPTS, fmax, fmin
 from fbands._solver import (
     AT_ONE,
@@ -415,3 +416,6 @@ def trace_arrays(lp, lq, p, q, delta, out_lo, out_hi, how, iters):
         lo, hi, how_lo, how_hi, n_lo, n_hi = solve_one(lp[i], lq[i], p[i], q[i], delta[i])
         out_lo[i], out_hi[i] = lo, hi
         how[i, 0], how[i, 1], iters[i, 0], iters[i, 1] = how_lo, how_hi, n_lo, n_hi
+
+
+disk_cache.tolerate(globals())  # (a damaged cache file costs a compile, not a call)

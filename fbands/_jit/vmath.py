@@ -13,6 +13,7 @@ import math
 import numpy as np
 from numba import njit
 
+from fbands._jit import disk_cache
 from fbands._jit.prims import INLINE
 
 __all__ = ["vexp", "vlog", "p_and_z", "LN2"]
@@ -182,3 +183,4 @@ def p_and_z(lp):
     return p, (q if lp > -LN2 else p)
 
 
+disk_cache.tolerate(globals())  # (a damaged cache file costs a compile, not a call)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from fbands._jit import disk_cache
 from fbands._jit.prims import BLOCK, INLINE, OPTS, at, lower_out, unfinished
 from fbands._jit.vmath import vexp, vlog
 from fbands.tables import layout
@@ -164,3 +165,6 @@ def touched_cells(x, logp, kbits, closed, touched):
         for k in range(cell.size):
             if touched[cell[k]] == 0:  # (a read keeps the line shared between the cores)
                 touched[cell[k]] = 1
+
+
+disk_cache.tolerate(globals())  # (a damaged cache file costs a compile, not a call)
