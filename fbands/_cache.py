@@ -3,16 +3,20 @@
 Root: ``FBANDS_CACHE_DIR``, else ``~/.cache/fbands``.  A subdirectory is used only if it is a
 real directory (not a link) owned by this user that no one else can write (it is created with
 mode 0700, and tightened to it when others can only read it), under directories that no
-other user can write; otherwise :func:`private_dir` returns None and the caller computes
-instead of caching (or, for files that must exist, uses :func:`process_dir`).  A file holds
+other user can write, not even through a shared group (the path is resolved first, so a link
+flipped meanwhile changes nothing); otherwise :func:`private_dir` returns None and the
+caller computes instead of caching (or, for files that must exist, uses
+:func:`process_dir`).  A file holds
 ``{"key", "sha256", "data"}``: it is read only when its key is the one asked for and the hash
 of its data matches, so a damaged, truncated or misplaced file is ignored, never trusted.
-Nothing is pickled.
+Nothing is pickled here (numba's own cache files are pickles: they go only to such a
+directory, :func:`folder`).
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
 import json
 import os
@@ -37,10 +41,17 @@ def root() -> Path:
 
 def private_dir(name: str, base: Path | None = None) -> Path | None:
     """``base / name`` (``base``: :func:`root` by default), created if needed, when it is
-    private to this user; else None."""
+    private to this user; else None.
+
+    The path returned is the real one (links above it resolved), and no one else can
+    rename or replace any directory on it: each is owned by this user or root and
+    writable by no other user (group members included, unless the sticky bit is set or
+    the group is this user's alone), and ``name`` itself is no link.  So what is checked
+    here is what is later opened, however the links that led to it change meanwhile."""
     path = (root() if base is None else Path(base)) / name
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path = Path(os.path.realpath(path.parent)) / name
         st = os.lstat(path)
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
             return None
@@ -56,15 +67,34 @@ def private_dir(name: str, base: Path | None = None) -> Path | None:
 
 
 def _parents_safe(path: Path) -> bool:
-    """Whether no other user can replace ``path`` through a directory above it: each is
-    owned by this user or root, and writable by others only with the sticky bit (``/tmp``)."""
-    for parent in path.absolute().parents:
-        st = os.stat(parent)
-        if st.st_uid not in (os.getuid(), 0):
+    """Whether no other user can replace ``path`` (a real path) through a directory above
+    it: each is owned by this user or root, and writable by other users (the group's
+    members or anyone) only with the sticky bit (``/tmp``)."""
+    for parent in path.parents:
+        st = os.lstat(parent)
+        if stat.S_ISLNK(st.st_mode) or st.st_uid not in (os.getuid(), 0):
             return False
-        if st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
+        if st.st_mode & stat.S_ISVTX:
+            continue
+        if st.st_mode & 0o002 or (st.st_mode & 0o020 and not _own_group(st.st_gid)):
             return False
     return True
+
+
+@functools.cache
+def _own_group(gid: int) -> bool:
+    """Whether group ``gid`` has no member but this user (a user-private group)."""
+    import grp
+    import pwd
+
+    uid = os.getuid()
+    try:
+        group, me = grp.getgrgid(gid), pwd.getpwuid(uid).pw_name
+        users = pwd.getpwall()
+    except (KeyError, OSError):
+        return False
+    return (all(m == me for m in group.gr_mem)
+            and all(u.pw_uid == uid for u in users if u.pw_gid == gid))
 
 
 def folder(name: str, base: Path | None = None) -> Path:
