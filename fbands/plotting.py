@@ -260,9 +260,11 @@ def plot_rstar(divs, output: str | Path, *, deltas=None) -> Path:
 
 def plot_soft_clip(output: str | Path, *, lower: float = 0.8, upper: float = 1.5,
                    k: float = 1.0, width: float = 0.25) -> Path:
-    """The ratio the loss sees, ``s(r)``, for the hard clip and the three soft forms of
-    :func:`fbands.losses.soft_clip`, on one band ``[lower, upper]`` (left), and their
-    slopes ``ds/dr`` (right): the gradient a token keeps, relative to an unclipped one.
+    """The ratio the loss sees, ``s(r)``, for the hard clip and every soft form of
+    :func:`fbands.losses.soft_clip` (:data:`fbands.losses.SOFT_FORMS`, BandPO's with their
+    default parameters), on one band ``[lower, upper]`` (left), and their slopes ``ds/dr``
+    (right): the gradient a token keeps, relative to an unclipped one (negative beyond an
+    edge for the rollback forms).
 
     Parameters
     ----------
@@ -288,15 +290,17 @@ def plot_soft_clip(output: str | Path, *, lower: float = 0.8, upper: float = 1.5
     lr = torch.log(r).requires_grad_()
     lo = torch.full_like(r, math.log(lower))
     hi = torch.full_like(r, math.log(upper))
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(9.0, 3.6), dpi=110)
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10.0, 4.2), dpi=110)
     hard = torch.clamp(r, lower, upper)
     ax.plot(r, hard, "k--", lw=1.4, label="hard clip")
     ax2.plot(r, ((r > lower) & (r < upper)).double(), "k--", lw=1.4, label="hard clip")
-    for form in SOFT_FORMS:
+    styles = ("-", "--", "-.", ":")
+    for i, form in enumerate(SOFT_FORMS):
         s = soft_clip(lr, lo, hi, form, k=k, width=width)
         (ds_dlr,) = torch.autograd.grad(s.sum(), lr)
-        ax.plot(r, s.detach(), lw=1.6, label=form)
-        ax2.plot(r, (ds_dlr / r).detach(), lw=1.6, label=form)
+        style = {"lw": 1.3, "ls": styles[i // 4 % len(styles)] if i >= 3 else "-"}
+        ax.plot(r, s.detach(), label=form, **style)
+        ax2.plot(r, (ds_dlr / r).detach(), label=form, **style)
     for a in (ax, ax2):
         for edge in (lower, upper):
             a.axvline(edge, color="0.6", lw=0.8, ls=":")
@@ -305,5 +309,5 @@ def plot_soft_clip(output: str | Path, *, lower: float = 0.8, upper: float = 1.5
     ax.plot(r, r, color="0.7", lw=0.8, label="r")
     ax.set(ylabel="s(r)", title=f"clipped ratio, band [{lower:g}, {upper:g}]")
     ax2.set(ylabel="ds/dr", title="slope (gradient kept)")
-    ax.legend(fontsize=7.5, loc="upper left")
+    ax.legend(fontsize=6.5, loc="upper left", ncol=2)
     return _save(fig, output)

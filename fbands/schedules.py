@@ -5,7 +5,8 @@ at a global optimiser step) and ``schedule.update(kl)`` (called after each updat
 KL measured on it; a no-op for the fixed ones):
 
 * :class:`DeltaSchedule`: a fixed function of the step, from ``start`` to ``end`` over
-  ``total_steps`` (``constant``, ``linear``, ``cosine``, ``poly``, ``hold_linear``);
+  ``total_steps`` (``constant``, ``linear``, ``cosine``, ``poly``, ``hold_linear``,
+  ``restarts``);
 * :class:`AdaptiveDelta`: a radius steered by the measured KL towards a target, like PPO's
   adaptive KL coefficient.
 
@@ -23,9 +24,19 @@ kind            delta(step)
 ``cosine``      ``end + (start - end) (1 + cos(pi t)) / 2``
 ``poly``        ``end + (start - end) (1 - t)**power``
 ``hold_linear`` ``start`` for ``step < hold_steps``, then ``linear``
+``restarts``    warm restarts (SGDR, as in BandPO's code), below
 =============== ==================================================================
 
 Steps past ``total_steps`` give ``end``.
+
+``restarts`` cuts the progress ``t = step / total_steps`` into periods of lengths
+``T0, T0 m, T0 m^2, ...`` (``m = T_mult`` when ``mode="expanding"``, 1 when ``"fixed"``),
+the last one cut short at ``t = 1``.  In period ``i`` (``i = 0, 1, ...``), at phase
+``u`` in [0, 1) of it: ``shape="cosine"`` gives ``end + (start - end) (1 + cos(pi u)) / 2``,
+restarting at ``start`` with each period; ``shape="constant"`` gives ``start`` throughout.
+With ``decay``, the cosine's amplitude is multiplied by ``gamma**i``, and the constant
+shape steps from ``start`` (period 0) to ``end`` (the last period, ``K - 1`` of ``K``)
+as ``start + (end - start) i / (K - 1)``.
 """
 
 from __future__ import annotations
@@ -38,7 +49,10 @@ from dataclasses import dataclass
 from fbands import _checks
 from fbands.errors import ConfigError
 
-KINDS = ("constant", "linear", "cosine", "poly", "hold_linear")
+KINDS = ("constant", "linear", "cosine", "poly", "hold_linear", "restarts")
+#: ``restarts``: how the period grows, and the shape within a period.
+RESTART_MODES = ("expanding", "fixed")
+RESTART_SHAPES = ("cosine", "constant")
 
 
 def _positive(name: str, value) -> float:
@@ -75,6 +89,19 @@ class DeltaSchedule:
         ``hold_linear`` only: steps during which ``start`` is held (``< total_steps``).
     power : float
         ``poly`` only: the exponent (``> 0``; 1 is ``linear``).
+    t0, t_mult : float
+        ``restarts`` only: the first period as a fraction of ``total_steps`` (``0 < t0``,
+        BandPO's ``T0``, default 0.15) and the growth of the periods (``> 0``, BandPO's
+        ``T_mult``, default 2; used by ``mode="expanding"``).
+    mode : {"expanding", "fixed"}
+        ``restarts`` only: periods that grow by ``t_mult``, or all of length ``t0``.
+    shape : {"cosine", "constant"}
+        ``restarts`` only: the value within a period.
+    decay : bool
+        ``restarts`` only: shrink the restarts (see the module docstring).
+    gamma : float
+        ``restarts`` with ``decay`` and the cosine shape: the amplitude's factor per period
+        (``> 0``, default 0.8).
 
     Examples
     --------
@@ -82,6 +109,10 @@ class DeltaSchedule:
     >>> s = DeltaSchedule("cosine", start=0.1, end=0.02, total_steps=100)
     >>> s(0), round(s(50), 12), s(100), s(10_000)
     (0.1, 0.06, 0.02, 0.02)
+    >>> r = DeltaSchedule("restarts", start=0.2, end=0.02, total_steps=100, t0=0.25,
+    ...                   mode="fixed")
+    >>> r(0), round(r(25), 12), round(r(30), 6)
+    (0.2, 0.2, 0.182812)
     """
 
     kind: str
@@ -90,6 +121,12 @@ class DeltaSchedule:
     total_steps: int = 1
     hold_steps: int = 0
     power: float = 1.0
+    t0: float = 0.15
+    t_mult: float = 2.0
+    mode: str = "expanding"
+    shape: str = "cosine"
+    decay: bool = False
+    gamma: float = 0.8
 
     adaptive = False
 
@@ -114,6 +151,50 @@ class DeltaSchedule:
         for name, value in (("start", start), ("end", end), ("total_steps", total),
                             ("hold_steps", hold), ("power", power)):
             object.__setattr__(self, name, value)
+        self._check_restarts()
+
+    def _check_restarts(self) -> None:
+        defaults = {f: type(self).__dataclass_fields__[f].default
+                    for f in ("t0", "t_mult", "mode", "shape", "decay", "gamma")}
+        if self.kind != "restarts":
+            changed = [f for f, d in defaults.items() if getattr(self, f) != d]
+            if changed:
+                raise ConfigError(f"{', '.join(changed)} is for kind 'restarts', not "
+                                  f"{self.kind!r}")
+            return
+        object.__setattr__(self, "t0", _positive("t0", self.t0))
+        object.__setattr__(self, "t_mult", _positive("t_mult", self.t_mult))
+        object.__setattr__(self, "gamma", _positive("gamma", self.gamma))
+        if self.mode not in RESTART_MODES:
+            raise ConfigError(f"mode must be one of {', '.join(RESTART_MODES)}; "
+                              f"got {self.mode!r}")
+        if self.shape not in RESTART_SHAPES:
+            raise ConfigError(f"shape must be one of {', '.join(RESTART_SHAPES)}; "
+                              f"got {self.shape!r}")
+        if not isinstance(self.decay, bool):
+            raise ConfigError(f"decay must be True or False, got {self.decay!r}")
+
+    def _periods(self) -> list[tuple[float, float]]:
+        """``(start, length)`` of each period, in units of progress, covering [0, 1]."""
+        growth = self.t_mult if self.mode == "expanding" else 1.0
+        periods, begin, length = [], 0.0, self.t0
+        while begin < 1.0 - 1e-12 and len(periods) < 100_000:
+            periods.append((begin, min(length, 1.0 - begin)))
+            begin += periods[-1][1]
+            length *= growth
+        return periods
+
+    def _restarts(self, t: float) -> float:
+        periods = self._periods()
+        i = max(j for j, (b, _) in enumerate(periods) if j == 0 or b <= t)
+        begin, length = periods[i]
+        a, b = self.start, self.end
+        if self.shape == "constant":
+            if self.decay and len(periods) >= 2:
+                return a + (b - a) * i / (len(periods) - 1)
+            return a
+        amplitude = (a - b) * (self.gamma ** i if self.decay else 1.0)
+        return b + amplitude * (1 + math.cos(math.pi * (t - begin) / length)) / 2
 
     def __call__(self, step: int) -> float:
         """The radius at ``step`` (an integer ``>= 0``)."""
@@ -121,6 +202,8 @@ class DeltaSchedule:
         if self.kind == "constant":
             return self.start
         t = min(max((step - self.hold_steps) / (self.total_steps - self.hold_steps), 0.0), 1.0)
+        if self.kind == "restarts":
+            return self._restarts(t)
         if t == 1.0:
             return self.end
         a, b = self.start, self.end
@@ -143,6 +226,9 @@ class DeltaSchedule:
             return f"{text}:{self.power!r}"
         if self.kind == "hold_linear":
             return f"{text}:{self.hold_steps}"
+        if self.kind == "restarts":
+            decay = f":decay:{self.gamma!r}" if self.decay else ""
+            return (f"{text}:{self.t0!r}:{self.t_mult!r}:{self.mode}:{self.shape}{decay}")
         return text
 
 
@@ -264,11 +350,17 @@ _GRAMMAR = {
     "cosine": (("start", "end", "total_steps"), 3),
     "poly": (("start", "end", "total_steps", "power"), 3),
     "hold_linear": (("start", "end", "total_steps", "hold_steps"), 4),
+    "restarts": (("start", "end", "total_steps", "t0", "t_mult", "mode", "shape", "decay",
+                  "gamma"), 3),
     "adaptive": (("target_kl", "start", "low", "high"), 1),
 }
 _INTEGERS = ("total_steps", "hold_steps")
+#: Fields that are words, and the words they take.
+_WORDS = {"mode": RESTART_MODES, "shape": RESTART_SHAPES, "decay": ("decay", "nodecay")}
 _USAGE = ("a number (constant), constant:START, linear|cosine:START:END:STEPS, "
           "poly:START:END:STEPS[:POWER], hold_linear:START:END:STEPS:HOLD, "
+          "restarts:START:END:STEPS[:T0[:T_MULT[:expanding|fixed[:cosine|constant"
+          "[:decay|nodecay[:GAMMA]]]]]], "
           "or adaptive:TARGET_KL[:START[:LOW:HIGH]]")
 
 
@@ -284,6 +376,10 @@ def parse_schedule(text: str, *, start: float | None = None):
         cosine:0.1:0.02:1000
         poly:0.1:0.02:1000:2           ... and power (default 1)
         hold_linear:0.1:0.02:1000:200  ... and hold_steps
+        restarts:0.2:0.02:1000         warm restarts, BandPO's defaults (T0 0.15, T_mult 2,
+                                       expanding, cosine, no decay)
+        restarts:0.2:0.02:1000:0.25:1:fixed:constant:decay   ... all of them
+        restarts:0.2:0.02:1000:0.15:2:expanding:cosine:decay:0.5
         adaptive:0.01                  target KL; start from ``start``
         adaptive:0.01:0.05:0.005:0.5   target KL, start, low, high
 
@@ -309,6 +405,12 @@ def parse_schedule(text: str, *, start: float | None = None):
                           f"{kind!r}; expected {_USAGE}")
     values = {}
     for name, field in zip(names, fields, strict=False):
+        if name in _WORDS:
+            if field not in _WORDS[name]:
+                raise ConfigError(f"delta schedule {text!r}: {name} must be one of "
+                                  f"{', '.join(_WORDS[name])}, got {field!r}")
+            values[name] = field == "decay" if name == "decay" else field
+            continue
         pattern = _INT_RE if name in _INTEGERS else _NUMBER_RE
         if not pattern.fullmatch(field):
             what = "an integer" if name in _INTEGERS else "a number"

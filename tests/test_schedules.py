@@ -396,3 +396,38 @@ def test_verl_logs_the_radius():
     config = {"policy_loss": {"loss_mode": "fbands", "method": "clip"}}
     _, metrics = compute_policy_loss("fbands", old, new, adv, mask, config=config)
     assert "actor/band/delta" not in metrics  # a fixed clip has no radius
+
+
+# --- restarts (SGDR, BandPO's decaying_clipbound) -------------------------------------------
+# Values worked out by hand: with T0 = 0.15, T_mult = 2 the periods of t = step / 100 are
+# [0, 0.15), [0.15, 0.45), [0.45, 1] (the third, 0.6 long, cut to 0.55); in a cosine
+# period delta = 0.02 + 0.18 (1 + cos(pi u)) / 2 at phase u.
+@pytest.mark.parametrize(("text", "steps", "want"), [
+    ("restarts:0.2:0.02:100", (0, 10, 15, 20, 45, 100),
+     (0.2, 0.065, 0.2, 0.02 + 0.09 * (1 + 3 ** 0.5 / 2), 0.2, 0.02)),
+    # fixed periods of 0.25, constant shape: start everywhere (end is never reached)
+    ("restarts:0.2:0.02:100:0.25:1:fixed:constant", (0, 30, 99, 100), (0.2,) * 4),
+    # ... with decay: steps 0.2, 0.14, 0.08, 0.02 over the four periods
+    ("restarts:0.2:0.02:100:0.25:3:fixed:constant:decay", (10, 25, 74, 75, 100),
+     (0.2, 0.14, 0.08, 0.02, 0.02)),
+    # cosine with decay 0.5: period 1 restarts at 0.02 + 0.18 * 0.5 = 0.11
+    ("restarts:0.2:0.02:100:0.15:2:expanding:cosine:decay:0.5", (15, 30, 45),
+     (0.11, 0.02 + 0.045 * 1.0, 0.02 + 0.045)),
+])
+def test_restarts_by_hand(text, steps, want):
+    schedule = parse_schedule(text)
+    assert [schedule(s) for s in steps] == pytest.approx(want, rel=1e-12)
+    assert parse_schedule(str(schedule)) == schedule
+
+
+def test_restarts_fields_and_errors():
+    s = DeltaSchedule("restarts", start=0.2, end=0.02, total_steps=10, t0=0.5, mode="fixed")
+    assert [s(k) for k in (0, 5, 10)] == pytest.approx([0.2, 0.2, 0.02])
+    for text, match in [("restarts:0.2:0.02:100:0.1:2:growing", "mode must be one of"),
+                        ("restarts:0.2:0.02:100:0.1:2:fixed:square", "shape must be one of"),
+                        ("restarts:0.2:0.02:100:0.1:2:fixed:cosine:maybe", "decay must be"),
+                        ("restarts:0.2:0.02:100:0:2", "t0")]:
+        with pytest.raises(ConfigError, match=match):
+            parse_schedule(text)
+    with pytest.raises(ConfigError, match="is for kind 'restarts'"):
+        DeltaSchedule("linear", start=0.2, end=0.1, total_steps=10, t0=0.3)

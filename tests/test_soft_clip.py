@@ -362,7 +362,7 @@ def test_verl_config_and_loss_soft():
     assert (cfg.soft, cfg.soft_k) == ("tanh2", 2.0)
     assert loss_config({"loss_mode": "band"}).soft is None
     for section, match in [
-        ({"soft": "hard"}, r"policy_loss.soft='hard': expected one of"),
+        ({"soft": "tanh3"}, r"policy_loss.soft='tanh3': expected one of"),
         ({"soft_width": 0.5}, r"policy_loss.soft_width=0.5 applies to policy_loss.soft="),
         ({"soft": True}, r"policy_loss.soft=True must be a string"),
     ]:

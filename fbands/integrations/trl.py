@@ -126,14 +126,20 @@ class BandGRPOConfig(GRPOConfig):
         ``band_delta``), steered by the KL measured on each generation batch (see the
         module docstring).
     band_soft : str or None
-        ``None`` (default): the hard clip.  ``"tanh1"``, ``"tanh2"`` or ``"smooth3"``: the
-        smooth saturation of :func:`fbands.losses.soft_clip` in its place (clip-form
-        methods, not ``band_mask``, ``band_gppo`` or ``cispo``).
+        ``None`` (default): the hard clip.  A form of :data:`fbands.losses.SOFT_FORMS`
+        (``"tanh1"``, ``"tanh2"``, ``"smooth3"``, BandPO's ``"3seg"``, ``"rollback"``, ...)
+        or one of BandPO's aliases ``"1seg"``, ``"2seg"``, ``"hard"``: the soft clip of
+        :func:`fbands.losses.soft_clip` in place of the hard one (clip-form methods, not
+        ``band_mask``, ``band_gppo`` or ``cispo``).
     band_soft_k : float or None
         ``band_soft="tanh2"`` only: its slope at ``r = 1`` (unset: 1).
     band_soft_width : float or None
         ``band_soft="smooth3"`` only: the room beyond an edge, as a fraction of the
         edge's distance from 1 (unset: 0.25).
+    band_soft_rho, band_soft_g, band_soft_alpha, band_soft_gamma, band_soft_alpha_in : float
+        The parameters of BandPO's forms (``rho``, ``g``, ``alpha``, ``gamma``,
+        ``alpha_in``; unset: BandPO's defaults 0.1, 1, 0.05, 0.2, 2), each only with a form
+        that uses it (:data:`fbands.losses.config.SOFT_PARAMS`).
 
     Raises
     ------
@@ -184,8 +190,9 @@ class BandGRPOConfig(GRPOConfig):
     )
     band_soft: str | None = field(
         default=None,
-        metadata={"help": "Smooth saturation in place of the hard clip: tanh1, tanh2 or "
-                          "smooth3 (fbands.losses.soft_clip); unset: the hard clip."},
+        metadata={"help": "Soft clip in place of the hard one: tanh1, tanh2, smooth3 or one "
+                          "of BandPO's forms (3seg, rollback, ...; fbands.losses.SOFT_FORMS); "
+                          "unset: the hard clip."},
     )
     band_soft_k: float | None = field(
         default=None, metadata={"help": "band_soft=tanh2: slope at r = 1 (unset: 1)."}
@@ -194,6 +201,21 @@ class BandGRPOConfig(GRPOConfig):
         default=None,
         metadata={"help": "band_soft=smooth3: room beyond an edge, as a fraction of its "
                           "distance from 1 (unset: 0.25)."},
+    )
+    band_soft_rho: float | None = field(
+        default=None, metadata={"help": "band_soft=3seg*: joins at rho + (1 - rho) edge (0.1)."}
+    )
+    band_soft_g: float | None = field(
+        default=None, metadata={"help": "band_soft=3seg_control_*: tanh argument at the join (1)."}
+    )
+    band_soft_alpha: float | None = field(
+        default=None, metadata={"help": "band_soft=rollback*: depth of the pull-back (0.05)."}
+    )
+    band_soft_gamma: float | None = field(
+        default=None, metadata={"help": "band_soft=rollback*_plus: steepness (0.2)."}
+    )
+    band_soft_alpha_in: float | None = field(
+        default=None, metadata={"help": "band_soft=rollback_activate*: middle curvature (2)."}
     )
 
     def __post_init__(self) -> None:
@@ -258,6 +280,8 @@ class BandGRPOConfig(GRPOConfig):
                 as_float("band_soft_k", self.band_soft_k, optional=True),
                 as_float("band_soft_width", self.band_soft_width, optional=True),
                 prefix="band_",
+                **{name: as_float(f"band_{name}", getattr(self, f"band_{name}"), optional=True)
+                   for name in fl.SOFT_PARAMS if name not in ("soft_k", "soft_width")},
             )
         except fl.LossError as err:
             raise TRLBandError(str(err)) from err

@@ -60,6 +60,7 @@ import fbands
 from fbands import losses as fl
 from fbands.errors import ConfigError
 from fbands.integrations._options import as_bool, as_float, as_str
+from fbands.integrations._verl_extras import clip_counts, resolve_aliases, verl_metrics
 
 __all__ = [
     "ENTRY_POINT",
@@ -127,14 +128,22 @@ class BandPolicyLossConfig(PolicyLossConfig):
     truncation : float
         The cap ``C`` on the stop-gradient ratio of ``band_mask``.
     soft : str or None
-        ``None`` (default): the hard clip.  ``"tanh1"``, ``"tanh2"`` or ``"smooth3"``: the
-        smooth saturation of :func:`fbands.losses.soft_clip` in its place (clip-form
-        methods: ``band``, and ``fbands`` with a clip-form ``method``).
+        ``None`` (default): the hard clip.  A form of :data:`fbands.losses.SOFT_FORMS`
+        (``tanh1``, ``tanh2``, ``smooth3`` and BandPO's ``3seg``, ``rollback``, ...) or
+        BandPO's alias ``1seg``, ``2seg``, ``hard``: the soft clip of
+        :func:`fbands.losses.soft_clip` in its place (clip-form methods: ``band``, and
+        ``fbands`` with a clip-form ``method``).
     soft_k : float or None
         ``soft="tanh2"`` only: its slope at ``r = 1`` (unset: 1).
     soft_width : float or None
         ``soft="smooth3"`` only: the room beyond an edge, as a fraction of the edge's
         distance from 1 (unset: 0.25).
+    soft_rho, soft_g, soft_alpha, soft_gamma, soft_alpha_in : float or None
+        BandPO's forms' parameters, each only with a form that uses it (unset: BandPO's
+        defaults 0.1, 1, 0.05, 0.2, 2; :data:`fbands.losses.config.SOFT_PARAMS`).
+    does_relax_high_p_bound, band_radius_delta, use_soft_clip, soft_clip_methods
+        BandPO's names of ``relax``, ``delta`` and ``soft`` (``soft_clip_methods`` counts
+        with ``use_soft_clip=true`` only, and defaults to ``3seg`` then, as in BandPO).
 
     Raises
     ------
@@ -165,6 +174,15 @@ class BandPolicyLossConfig(PolicyLossConfig):
     soft: str | None = None
     soft_k: float | None = None
     soft_width: float | None = None
+    soft_rho: float | None = None
+    soft_g: float | None = None
+    soft_alpha: float | None = None
+    soft_gamma: float | None = None
+    soft_alpha_in: float | None = None
+    does_relax_high_p_bound: bool | None = None
+    band_radius_delta: float | None = None
+    use_soft_clip: bool | None = None
+    soft_clip_methods: str | None = None
 
     def __post_init__(self) -> None:
         if self.loss_mode not in LOSS_MODES:
@@ -237,8 +255,12 @@ def loss_config(
     if mode not in LOSS_MODES:
         raise VerlBandError(f"loss_mode={mode!r} is not a band loss; known: {sorted(LOSS_MODES)}")
 
+    aliased = resolve_aliases(lambda key: _get(policy_loss, key, None),
+                              {k: fields[k].default for k in ("relax", "delta", "soft")},
+                              VerlBandError)
+
     def band(key: str) -> Any:
-        return _get(policy_loss, key, fields[key].default)
+        return aliased.get(key, _get(policy_loss, key, fields[key].default))
 
     def number(key: str) -> float | None:
         return as_float(f"policy_loss.{key}", band(key), optional=fields[key].default is None)
@@ -250,7 +272,9 @@ def loss_config(
         raise VerlBandError(f"policy_loss.soft={soft!r} must be a string")
     try:
         soft = fl.soft_options(soft, number("soft_k"), number("soft_width"),
-                               prefix="policy_loss.")
+                               prefix="policy_loss.",
+                               **{k: number(k) for k in fl.SOFT_PARAMS
+                                  if k not in ("soft_k", "soft_width")})
     except fl.LossError as err:
         raise VerlBandError(str(err)) from err
     return fl.LossConfig(
@@ -362,8 +386,11 @@ def compute_policy_loss(
         ``actor/pg_clipfrac`` (ratio clipped at either edge), ``actor/ppo_kl`` (k1
         estimate of KL(old || new), verl's definition), ``actor/pg_clipfrac_lower``
         (clipped at the lower edge) and every fbands metric as ``actor/band/<name>``,
-        over the tokens with a non-zero weight, and the radius as ``actor/band/delta``
-        (methods with a divergence band). They reach the host in one transfer.
+        over the tokens with a non-zero weight, the radius as ``actor/band/delta``
+        (methods with a divergence band), and token counts ``actor/band/*_count``
+        (:func:`fbands.integrations._verl_extras.clip_counts`), scaled so that verl's mean
+        over micro-batches gives their sum over the mini-batch. They reach the host in one
+        transfer.
 
     Raises
     ------
@@ -383,24 +410,12 @@ def compute_policy_loss(
         weights = weights * rollout_is_weights.detach()
     band = fl.precompute_band(old_log_prob, cfg, mask=response_mask)
     loss, raw = fl.policy_loss(old_log_prob, log_prob, advantages, weights, cfg, band=band)
-    metrics = _verl_metrics(raw)
+    raw = {**raw, **clip_counts(old_log_prob, log_prob, advantages, response_mask, band,
+                                batch_info.get("global_batch_size"))}
+    metrics = verl_metrics(raw)
     if cfg.uses_radius:
         metrics["actor/band/delta"] = cfg.delta
     return loss, metrics
-
-
-def _verl_metrics(raw: Mapping[str, torch.Tensor]) -> dict[str, float]:
-    """Name the fbands metrics the way verl's dashboards expect, as Python floats."""
-    names = {
-        "actor/pg_clipfrac": "clipfrac",
-        "actor/ppo_kl": "approx_kl_k1",
-        "actor/pg_clipfrac_lower": "clipfrac_lower",
-    }
-    keys = list(names) + [f"actor/band/{k}" for k in raw]
-    sources = list(names.values()) + list(raw)
-    # One stacked transfer instead of one host sync per metric.
-    values = torch.stack([raw[k].detach().float().reshape(()) for k in sources]).tolist()
-    return dict(zip(keys, values, strict=True))
 
 
 def _make_loss(loss_mode: str):

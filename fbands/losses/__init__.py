@@ -68,15 +68,17 @@ from fbands.losses import metrics as _metrics_module
 from fbands.losses.aggregate import agg_loss
 from fbands.losses.band import Band, dcpo_log_bounds, precompute_band
 from fbands.losses.checks import LOGP_TOLERANCE as LOGP_TOLERANCE  # public, not in __all__
+from fbands.losses.config import SOFT_ALIASES as SOFT_ALIASES  # public, not in __all__
+from fbands.losses.config import SOFT_PARAMS as SOFT_PARAMS  # public, not in __all__
 from fbands.losses.config import LossConfig, preset, soft_options
 from fbands.losses.metrics import TAIL_PROB as TAIL_PROB  # public, not in __all__
 from fbands.losses.policy import policy_loss
-from fbands.losses.terms import soft_clip
+from fbands.losses.soft import soft_clip
 
 # The modules, by job: config (LossConfig, its validation, the presets, the soft options),
 # checks (the input checks), band (precompute_band, DCPO's closed form), terms (the per-token
-# term of each method, the soft clip), aggregate (agg_loss), metrics (the diagnostics) and
-# policy (policy_loss, which calls all of them).
+# term of each method), soft (the soft clip), aggregate (agg_loss), metrics (the diagnostics)
+# and policy (policy_loss, which calls all of them).
 
 __all__ = [
     "AGG_MODES",
@@ -104,5 +106,5 @@ METHODS = _config.METHODS
 AGG_MODES = _config.AGG_MODES
 #: The keys of the metrics of :func:`policy_loss`, in order.
 METRIC_KEYS = _metrics_module.METRIC_KEYS
-#: The smooth saturations of ``LossConfig.soft`` (see :func:`soft_clip`).
+#: The soft clips of ``LossConfig.soft`` (see :func:`soft_clip`).
 SOFT_FORMS = _config.SOFT_FORMS

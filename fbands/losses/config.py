@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from fbands import _checks
+from fbands import _checks, _presets
 from fbands.errors import LossError
 
 METHODS = (
@@ -39,8 +39,36 @@ AGG_MODES = (
     "seq-mean-token-sum",
     "seq-mean-token-sum-norm",
 )
-#: The smooth saturations of ``LossConfig.soft`` (see :func:`fbands.losses.soft_clip`).
-SOFT_FORMS = ("tanh1", "tanh2", "smooth3")
+#: The soft clips of ``LossConfig.soft`` (see :func:`fbands.losses.soft_clip`): fbands' three
+#: and the seven of BandPO's code that differ from them, under BandPO's names.
+SOFT_FORMS = (
+    "tanh1",
+    "tanh2",
+    "smooth3",
+    "3seg",
+    "3seg_control_converge",
+    "3seg_control_reach",
+    "rollback",
+    "rollback_activate",
+    "rollback_plus",
+    "rollback_activate_plus",
+)
+#: BandPO's names of forms that fbands has under another name (``hard``: no soft clip).
+SOFT_ALIASES = {"1seg": "tanh1", "2seg": "tanh2", "hard": None}
+#: The parameter fields of the soft forms: field -> (the forms that use it, its range).
+SOFT_PARAMS = {
+    "soft_k": (("tanh2",), {"low": 0.0, "low_open": True}),
+    "soft_width": (("smooth3",), {"low": 0.0, "low_open": True}),
+    "soft_rho": (("3seg", "3seg_control_converge", "3seg_control_reach"),
+                 {"low": 0.0, "high": 1.0, "low_open": True}),
+    "soft_g": (("3seg_control_converge", "3seg_control_reach"),
+               {"low": 0.0, "high": 20.0, "low_open": True}),
+    "soft_alpha": (("rollback", "rollback_activate", "rollback_plus", "rollback_activate_plus"),
+                   {"low": 0.0, "low_open": True}),
+    "soft_gamma": (("rollback_plus", "rollback_activate_plus"), {"low": 0.0, "low_open": True}),
+    "soft_alpha_in": (("rollback_activate", "rollback_activate_plus"),
+                      {"low": 0.0, "low_open": True}),
+}
 
 # Methods whose per-token term is the PPO form max(-A r, -A clip(r, lower, upper)).
 _CLIP_FORM = ("clip", "clip_higher", "dual_clip", "dcpo", "trgppo", "band_clip", "band_gppo")
@@ -88,14 +116,31 @@ class LossConfig:
     agg : str
         Aggregation over tokens, one of :data:`AGG_MODES` (see :func:`agg_loss`).
     soft : str or None
-        Replace the hard clip of the clip-form methods (all but ``band_gppo``) by a smooth
-        saturation ``s(r)``, one of :data:`SOFT_FORMS` (see :func:`soft_clip`); the term
-        becomes :math:`\max(-A r, -A\,s(r))`.  None (default): the hard clip.
+        Replace the hard clip of the clip-form methods (all but ``band_gppo``) by a soft
+        clip ``s(r)``, one of :data:`SOFT_FORMS` (see :func:`soft_clip`); the term
+        becomes :math:`\max(-A r, -A\,s(r))`.  None (default): the hard clip.  BandPO's
+        names ``1seg``, ``2seg`` and ``hard`` are read as ``tanh1``, ``tanh2`` and None
+        (:data:`SOFT_ALIASES`).
     soft_k : float
         ``soft="tanh2"``: the slope of ``s`` at ``r = 1`` (``> 0``).
     soft_width : float
         ``soft="smooth3"``: the room ``s`` saturates into beyond an edge, as a fraction of
         the edge's distance from 1 (``> 0``).
+    soft_rho : float
+        The ``3seg*`` forms: the joins sit at ``rho + (1 - rho) b`` for each edge ``b``
+        (``0 < rho <= 1``; BandPO's ``rho``, default 0.1).
+    soft_g : float
+        ``3seg_control_*``: the tanh's argument at the join (``0 < g <= 20``; BandPO's
+        ``g``, default 1).
+    soft_alpha : float
+        The rollback forms: the depth of the pull-back beyond an edge (``> 0``; BandPO's
+        ``alpha``, default 0.05).
+    soft_gamma : float
+        ``rollback_plus`` and ``rollback_activate_plus``: the steepness of the pull-back
+        (``> 0``; BandPO's ``gamma``, default 0.2).
+    soft_alpha_in : float
+        ``rollback_activate*``: the curvature of the middle segment (``> 0``; BandPO's
+        ``alpha_in``, default 2).
 
     Raises
     ------
@@ -131,6 +176,11 @@ class LossConfig:
     soft: str | None = None
     soft_k: float = 1.0
     soft_width: float = 0.25
+    soft_rho: float = 0.1
+    soft_g: float = 1.0
+    soft_alpha: float = 0.05
+    soft_gamma: float = 0.2
+    soft_alpha_in: float = 2.0
 
     @property
     def uses_radius(self) -> bool:
@@ -172,6 +222,8 @@ class LossConfig:
             _check_number("gppo_beta_low", self.gppo_beta_low, low=0.0)
         if self.upper_bound_max is not None:
             _check_number("upper_bound_max", self.upper_bound_max, low=1.0)
+        if isinstance(self.soft, str) and self.soft in SOFT_ALIASES:
+            object.__setattr__(self, "soft", SOFT_ALIASES[self.soft])
         if self.soft is not None:
             if self.soft not in SOFT_FORMS:
                 raise LossError(f"unknown soft {self.soft!r}; expected one of "
@@ -180,8 +232,8 @@ class LossConfig:
                 raise LossError(f"soft={self.soft!r} applies to the clip-form methods "
                                 f"{', '.join(m for m in _CLIP_FORM if m != 'band_gppo')}, "
                                 f"not {self.method!r}")
-        _check_number("soft_k", self.soft_k, low=0.0, low_open=True)
-        _check_number("soft_width", self.soft_width, low=0.0, low_open=True)
+        for name, (_, rule) in SOFT_PARAMS.items():
+            _check_number(name, getattr(self, name), **rule)
         if self.dual_clip_c is not None:
             _check_number("dual_clip_c", self.dual_clip_c, low=1.0, low_open=True)
             if self.method not in _CLIP_FORM:
@@ -207,23 +259,6 @@ def _dual_clip_c(cfg: LossConfig) -> float | None:
 
 # --------------------------------------------------------------------------------------
 # presets
-
-_PRESETS = {
-    "clip": {"method": "clip", "eps_low": 0.2, "eps_high": 0.2},
-    "clip-higher": {"method": "clip_higher", "eps_low": 0.2, "eps_high": 0.28},
-    "dual-clip": {"method": "dual_clip", "eps_low": 0.2, "eps_high": 0.2, "dual_clip_c": 3.0},
-    "dcpo": {
-        "method": "dcpo",
-        "eps_low": 0.16,
-        "eps_high": 0.2,
-        "upper_bound_max": 10.0,
-        "dual_clip_c": 3.0,
-    },
-    "trgppo": {"method": "trgppo", "div": "kl", "delta": 0.05, "eps_low": 0.2, "eps_high": 0.2},
-    "cispo": {"method": "cispo", "eps_low": 1.0, "eps_high": 0.28},
-}
-_BAND_PREFIXES = (("band-mask-", "band_mask"), ("band-gppo-", "band_gppo"), ("band-", "band_clip"))
-
 
 def preset(name: str, **overrides) -> LossConfig:
     """A named configuration, as used by the trainer's command line and the docs.
@@ -268,20 +303,11 @@ def preset(name: str, **overrides) -> LossConfig:
     """
     if not isinstance(name, str):
         raise LossError(f"preset name must be a string, got {name!r}")
-    if name in _PRESETS:
-        fields = dict(_PRESETS[name])
-    else:
-        fields = None
-        for prefix, method in _BAND_PREFIXES:
-            if name.startswith(prefix) and len(name) > len(prefix):
-                div = name[len(prefix) :]
-                head, paren, params = div.partition("(")  # "alpha(a=-1)" keeps its minus
-                div = head.replace("-", "_") + paren + params
-                fields = {"method": method, "div": div, "delta": 0.05}
-                break
-        if fields is None:
-            known = ", ".join([*_PRESETS, "band-<div>", "band-mask-<div>", "band-gppo-<div>"])
-            raise LossError(f"unknown preset {name!r}; expected one of {known}")
+    fields = _presets.fields(name)
+    if fields is None:
+        known = ", ".join([*_presets.PRESETS, "band-<div>", "band-mask-<div>",
+                           "band-gppo-<div>"])
+        raise LossError(f"unknown preset {name!r}; expected one of {known}")
     known_fields = {f.name for f in dataclasses.fields(LossConfig)}
     unknown = sorted(set(overrides) - known_fields)
     if unknown:
@@ -290,21 +316,24 @@ def preset(name: str, **overrides) -> LossConfig:
     return LossConfig(**fields)
 
 
-def soft_options(soft=None, soft_k=None, soft_width=None, *, prefix: str = "") -> dict:
+def soft_options(soft=None, soft_k=None, soft_width=None, *, prefix: str = "",
+                 **params) -> dict:
     """The :class:`LossConfig` fields of a soft clip chosen by a trainer's options.
 
-    The trainers (``fbands train``, TRL, verl) expose ``soft``, ``soft_k`` and
-    ``soft_width`` with ``None`` meaning "not given"; this reads them the same way
-    everywhere.  ``soft`` is ``None`` or ``""`` (the hard clip) or one of
-    :data:`SOFT_FORMS`; ``soft_k`` may only be given with ``tanh2`` and ``soft_width`` only
-    with ``smooth3`` (a value the chosen form ignores is a mistake, not a no-op).  Values
-    left ``None`` keep :class:`LossConfig`'s defaults.  ``prefix`` is put before each name
-    in the messages (``"band_"``, ``"policy_loss."``).
+    The trainers (``fbands train``, TRL, verl) expose ``soft`` and the parameter fields of
+    :data:`SOFT_PARAMS` (``soft_k``, ``soft_width``, ``soft_rho``, ``soft_g``,
+    ``soft_alpha``, ``soft_gamma``, ``soft_alpha_in``) with ``None`` meaning "not given";
+    this reads them the same way everywhere.  ``soft`` is ``None`` or ``""`` (the hard
+    clip), one of :data:`SOFT_FORMS` or an alias of :data:`SOFT_ALIASES` (BandPO's
+    ``1seg``, ``2seg``, ``hard``); a parameter may only be given with a form that uses it
+    (a value the chosen form ignores is a mistake, not a no-op).  Values left ``None`` keep
+    :class:`LossConfig`'s defaults.  ``prefix`` is put before each name in the messages
+    (``"band_"``, ``"policy_loss."``).
 
     Raises
     ------
     LossError
-        For an unknown form, or ``soft_k`` / ``soft_width`` given for a form without it.
+        For an unknown form or parameter, or a parameter given for a form without it.
 
     Examples
     --------
@@ -312,6 +341,8 @@ def soft_options(soft=None, soft_k=None, soft_width=None, *, prefix: str = "") -
     {'soft': 'tanh2', 'soft_k': 2.0}
     >>> soft_options("", None, None)
     {'soft': None}
+    >>> soft_options("3seg", soft_rho=0.2)
+    {'soft': '3seg', 'soft_rho': 0.2}
     >>> soft_options("tanh1", soft_width=0.5)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
@@ -319,15 +350,24 @@ def soft_options(soft=None, soft_k=None, soft_width=None, *, prefix: str = "") -
     """
     if soft == "":
         soft = None
+    if isinstance(soft, str) and soft in SOFT_ALIASES:
+        soft = SOFT_ALIASES[soft]
     if soft is not None and soft not in SOFT_FORMS:
-        raise LossError(f"{prefix}soft={soft!r}: expected one of {', '.join(SOFT_FORMS)}, "
-                        "or none for the hard clip")
+        raise LossError(f"{prefix}soft={soft!r}: expected one of {', '.join(SOFT_FORMS)} "
+                        f"(or BandPO's {', '.join(SOFT_ALIASES)}), or none for the hard clip")
+    unknown = sorted(set(params) - set(SOFT_PARAMS))
+    if unknown:
+        raise LossError(f"unknown soft-clip parameter(s) {', '.join(unknown)}")
+    given = {"soft_k": soft_k, "soft_width": soft_width, **params}
     fields = {"soft": soft}
-    for name, value, form in (("soft_k", soft_k, "tanh2"), ("soft_width", soft_width, "smooth3")):
+    for name, (forms, _) in SOFT_PARAMS.items():
+        value = given.get(name)
         if value is None:
             continue
-        if soft != form:
-            raise LossError(f"{prefix}{name}={value!r} applies to {prefix}soft={form!r} only, "
+        if soft not in forms:
+            which = repr(forms[0]) if len(forms) == 1 else "one of " + ", ".join(forms)
+            only = " only" if len(forms) == 1 else ""
+            raise LossError(f"{prefix}{name}={value!r} applies to {prefix}soft={which}{only}, "
                             f"not {prefix}soft={soft!r}")
         fields[name] = value
     return fields

@@ -1,4 +1,4 @@
-r"""The per-token loss terms of every method, and the soft clip.
+r"""The per-token loss terms of every method (the soft clip is in :mod:`fbands.losses.soft`).
 
 Each term function takes the log-ratio :math:`\log r` (with gradient), the advantage and
 the band's log-edges, all ``(B, T)`` and already cleaned of padding by
@@ -15,12 +15,8 @@ import math
 import torch
 from torch import Tensor
 
-from fbands.errors import LossError
-from fbands.losses.config import SOFT_FORMS, _dual_clip_c
-
-# Ratios are exponentiated from log r <= _MAX_LOG_RATIO (r <= 5.5e34), which keeps every
-# product finite in float32.  Only a token whose old probability is below ~1e-35 can reach it.
-_MAX_LOG_RATIO = 80.0
+from fbands.losses.config import _dual_clip_c
+from fbands.losses.soft import _MAX_LOG_RATIO, soft_clip
 
 
 def side_masks(logratio: Tensor, adv: Tensor, log_lo: Tensor,
@@ -82,73 +78,15 @@ def _clip_form(logratio, adv, log_lo, log_hi, cfg):
     return per_token, upper, lower, dual, torch.zeros_like(upper)
 
 
-def _saturate(d: Tensor, log_scale: Tensor, k: float) -> Tensor:
-    """``scale * tanh(k d / scale)``, written as ``k d phi(k d / scale)`` with
-    ``phi(x) = tanh(x) / x``: finite and smooth for any finite ``d`` even when ``scale``
-    (given by its log) overflows, and exact as ``x -> 0`` (``phi = 1 - x^2 / 3``)."""
-    kd = k * d
-    # A scale below e^-20 (an edge at ~1, eps = 0) acts as a hard clip; the floor keeps
-    # 1 / scale finite, so that no 0 * inf reaches the value or the gradient.
-    x = kd * torch.exp(-log_scale.clamp(min=-20.0))
-    small = x.abs() < 1e-4
-    x_safe = torch.where(small, torch.ones_like(x), x)
-    phi = torch.where(small, 1 - x * x / 3, torch.tanh(x_safe) / x_safe)
-    return kd * phi
-
-
-def soft_clip(logratio: Tensor, log_lo: Tensor, log_hi: Tensor, form: str, *,
-              k: float = 1.0, width: float = 0.25) -> Tensor:
-    r"""The smooth saturation ``s(r)`` that ``LossConfig.soft`` puts in place of
-    ``clip(r, r_lo, r_hi)``, from log-ratios and log-edges.
-
-    ``tanh1`` (one segment, centred on the band): :math:`s = m + h\tanh((r - m)/h)` with
-    :math:`m = (r_{lo} + r_{hi})/2`, :math:`h = (r_{hi} - r_{lo})/2`.  Its slope at ``m``
-    is 1, it tends to the edges, and it is not 1 at ``r = 1`` for a band that is not
-    symmetric about 1 (a tail token's).
-
-    ``tanh2`` (two segments joined at ``r = 1``): :math:`s = 1 + e\tanh(k (r - 1)/e)` with
-    :math:`e = r_{hi} - 1` for ``r >= 1`` and :math:`e = 1 - r_{lo}` below.  ``s(1) = 1``,
-    slope ``k`` there, tends to the edges.
-
-    ``smooth3`` (three segments): the identity inside the band, and beyond an edge ``b``
-    :math:`s = b + w\tanh((r - b)/w)` with :math:`w = \text{width}\cdot|b - 1|`: value and
-    slope continuous at the edges, saturating at ``b +- w``.
-
-    Ratios and edges are exponentiated from at most :math:`\log r = 80` (as the hard clip
-    does), and each tanh is evaluated as ``k d tanh(x)/x`` with its scale given in log
-    space, so that an edge that overflows the dtype gives a finite ``s`` (close to ``r``:
-    such a band does not restrain the token).
-    """
-    lr = logratio.clamp(max=_MAX_LOG_RATIO)
-    r = torch.exp(lr)
-    hi_c = log_hi.clamp(max=_MAX_LOG_RATIO)
-    if form == "tanh2":
-        log_e_hi = torch.log(torch.expm1(hi_c))  # log(r_hi - 1)
-        log_e_lo = torch.log(-torch.expm1(log_lo))  # log(1 - r_lo), 0 at r_lo = 0
-        above = lr >= 0
-        d = torch.expm1(lr)
-        return 1 + _saturate(d, torch.where(above, log_e_hi, log_e_lo), k)
-    if form == "tanh1":
-        lo, hi = torch.exp(log_lo), torch.exp(hi_c)
-        m, h = (lo + hi) / 2, (hi - lo) / 2
-        return m + _saturate(r - m, torch.log(h), 1.0)
-    if form == "smooth3":
-        lo, hi = torch.exp(log_lo), torch.exp(hi_c)
-        log_w_hi = math.log(width) + torch.log(torch.expm1(hi_c))
-        log_w_lo = math.log(width) + torch.log(-torch.expm1(log_lo))
-        up = hi + _saturate(r - hi, log_w_hi, 1.0)
-        down = lo + _saturate(r - lo, log_w_lo, 1.0)
-        return torch.where(logratio > log_hi, up, torch.where(logratio < log_lo, down, r))
-    raise LossError(f"unknown soft form {form!r}; expected one of {', '.join(SOFT_FORMS)}")
-
-
 def _soft_clip_form(logratio, adv, log_lo, log_hi, cfg):
     """PPO form with ``clip`` replaced by :func:`soft_clip`: ``max(-A r, -A s(r))``, i.e.
     ``-A min(r, s)`` for A >= 0 and ``-A max(r, s)`` (then capped by dual clip) for A < 0.
     The clip fractions count the tokens beyond the edge on the advantage's side."""
     upper, lower = side_masks(logratio, adv, log_lo, log_hi)
     r = torch.exp(logratio.clamp(max=_MAX_LOG_RATIO))
-    s = soft_clip(logratio, log_lo, log_hi, cfg.soft, k=cfg.soft_k, width=cfg.soft_width)
+    s = soft_clip(logratio, log_lo, log_hi, cfg.soft, k=cfg.soft_k, width=cfg.soft_width,
+                  rho=cfg.soft_rho, g=cfg.soft_g, alpha=cfg.soft_alpha, gamma=cfg.soft_gamma,
+                  alpha_in=cfg.soft_alpha_in)
     v = torch.where(adv >= 0, torch.minimum(r, s), torch.maximum(r, s))
     c = _dual_clip_c(cfg)
     if c is not None:

@@ -73,16 +73,25 @@ HELP = {
     "delta": "override the preset's band radius",
     "delta_schedule": "radius over training (band methods): '' (fixed), "
                       "linear|cosine:START:END:STEPS, poly:START:END:STEPS[:POWER], "
-                      "hold_linear:START:END:STEPS:HOLD, or adaptive:TARGET_KL[:START[:LOW:HIGH]] "
+                      "hold_linear:START:END:STEPS:HOLD, restarts:START:END:STEPS[:T0[:T_MULT"
+                      "[:expanding|fixed[:cosine|constant[:decay|nodecay[:GAMMA]]]]]], "
+                      "or adaptive:TARGET_KL[:START[:LOW:HIGH]] "
                       "(starts from delta); see fbands.parse_schedule",
     "eps_low": "override the preset's lower clip",
     "eps_high": "override the preset's upper clip",
     "agg": "override the loss aggregation (token-mean, seq-mean-token-mean, ...)",
-    "soft": "smooth saturation in place of the hard clip (clip-form losses): tanh1, tanh2 "
-            "or smooth3; '' or unset: the hard clip (see fbands.losses.soft_clip)",
+    "soft": "soft clip in place of the hard one (clip-form losses): tanh1, tanh2, smooth3, "
+            "or BandPO's 3seg, 3seg_control_converge, 3seg_control_reach, rollback, "
+            "rollback_activate, rollback_plus, rollback_activate_plus (aliases 1seg, 2seg, "
+            "hard); '' or unset: the hard clip (see fbands.losses.soft_clip)",
     "soft_k": "soft=tanh2: slope of the saturation at r = 1 (unset: 1)",
     "soft_width": "soft=smooth3: room beyond an edge, as a fraction of the edge's distance "
                   "from 1 (unset: 0.25)",
+    "soft_rho": "soft=3seg*: the joins sit at rho + (1 - rho) * edge (unset: 0.1)",
+    "soft_g": "soft=3seg_control_*: the tanh's argument at the join (unset: 1)",
+    "soft_alpha": "soft=rollback*: depth of the pull-back beyond an edge (unset: 0.05)",
+    "soft_gamma": "soft=rollback_plus, rollback_activate_plus: its steepness (unset: 0.2)",
+    "soft_alpha_in": "soft=rollback_activate*: curvature of the middle segment (unset: 2)",
     "lr": "Adam learning rate of the RL updates",
     "ppo_epochs": "passes over each rollout batch",
     "minibatches": "minibatches per pass",
@@ -174,6 +183,11 @@ class TrainConfig:
     soft: str | None = None  # None / "": hard clip; else one of fbands.losses.SOFT_FORMS
     soft_k: float | None = None  # soft="tanh2" only; None: LossConfig's default
     soft_width: float | None = None  # soft="smooth3" only; None: LossConfig's default
+    soft_rho: float | None = None  # BandPO's forms' parameters (fbands.losses.SOFT_PARAMS);
+    soft_g: float | None = None  # each only with a form that uses it; None: the default
+    soft_alpha: float | None = None
+    soft_gamma: float | None = None
+    soft_alpha_in: float | None = None
     lr: float = 3e-4
     ppo_epochs: int = 4
     minibatches: int = 4
@@ -254,7 +268,8 @@ class TrainConfig:
         finite("max_grad_norm", 0.0, open_low=True)
         finite("kl_coef", 0.0)
         finite("ent_coef", 0.0)
-        for name in ("delta", "eps_low", "eps_high", "soft_k", "soft_width"):
+        for name in ("delta", "eps_low", "eps_high", "soft_k", "soft_width", "soft_rho",
+                     "soft_g", "soft_alpha", "soft_gamma", "soft_alpha_in"):
             if getattr(self, name) is not None:
                 finite(name, 0.0, open_low=True)
         for name in ("bf16", "adv_std_norm", "progress", "chat_template", "mechanism_metrics"):
@@ -291,7 +306,10 @@ class TrainConfig:
         if self.soft is not None and not isinstance(self.soft, str):
             raise ConfigError(f"soft={self.soft!r}: must be a string")
         try:
-            soft = soft_options(self.soft, self.soft_k, self.soft_width)
+            soft = soft_options(self.soft, self.soft_k, self.soft_width,
+                                **{name: getattr(self, name) for name in (
+                                    "soft_rho", "soft_g", "soft_alpha", "soft_gamma",
+                                    "soft_alpha_in")})
         except LossError as err:
             raise ConfigError(str(err)) from err
         if soft["soft"] is not None:
@@ -299,7 +317,8 @@ class TrainConfig:
         try:
             return preset(self.loss, **overrides)
         except (ValueError, TypeError, KeyError) as err:
-            raise ConfigError(f"loss={self.loss!r} with {overrides}: {err}") from err
+            given = "".join(f", {k}={v!r}" for k, v in overrides.items())
+            raise ConfigError(f"loss={self.loss!r}{given}: {err}") from err
 
     # --- (de)serialisation ---------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -1,0 +1,40 @@
+"""The loss presets' names: one table for :func:`fbands.losses.preset` and for the
+messages of :func:`fbands.get` (which must not import torch, so it cannot import the
+losses)."""
+
+from __future__ import annotations
+
+__all__ = ["PRESETS", "BAND_PREFIXES", "fields"]
+
+#: The presets that are not ``band-<div>``: their :class:`~fbands.losses.LossConfig` fields.
+PRESETS = {
+    "clip": {"method": "clip", "eps_low": 0.2, "eps_high": 0.2},
+    "clip-higher": {"method": "clip_higher", "eps_low": 0.2, "eps_high": 0.28},
+    "dual-clip": {"method": "dual_clip", "eps_low": 0.2, "eps_high": 0.2, "dual_clip_c": 3.0},
+    "dcpo": {
+        "method": "dcpo",
+        "eps_low": 0.16,
+        "eps_high": 0.2,
+        "upper_bound_max": 10.0,
+        "dual_clip_c": 3.0,
+    },
+    "trgppo": {"method": "trgppo", "div": "kl", "delta": 0.05, "eps_low": 0.2, "eps_high": 0.2},
+    "cispo": {"method": "cispo", "eps_low": 1.0, "eps_high": 0.28},
+}
+#: Prefix of a band preset's name -> its method, longest first (``band-mask-tv`` is
+#: ``band-mask-`` + tv).
+BAND_PREFIXES = (("band-mask-", "band_mask"), ("band-gppo-", "band_gppo"), ("band-", "band_clip"))
+
+
+def fields(name: str) -> dict | None:
+    """The fields of preset ``name`` (a new dict), or None when it names no preset.  In a
+    band preset's divergence a dash stands for an underscore (``band-reverse-kl``); a
+    family's parameters keep theirs (``band-alpha(a=-1)``)."""
+    if name in PRESETS:
+        return dict(PRESETS[name])
+    for prefix, method in BAND_PREFIXES:
+        if name.startswith(prefix) and len(name) > len(prefix):
+            head, paren, params = name[len(prefix):].partition("(")
+            return {"method": method, "div": head.replace("-", "_") + paren + params,
+                    "delta": 0.05}
+    return None
