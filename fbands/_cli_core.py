@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
+
+from fbands.cli import image_path
+
+#: ``fbands bounds --format``: the formats, the first the default
+FORMATS = ("table", "csv", "json")
+#: significant digits of the numbers of ``--format table`` (csv and json: every digit)
+TABLE_DIGITS = 10
 
 
 def register(sub) -> None:
@@ -18,20 +26,29 @@ def register(sub) -> None:
     p.add_argument("--div", default="kl", help="divergence name (default: kl)")
     p.add_argument("--delta", type=float, default=0.05, help="radius (default: 0.05)")
     p.add_argument("--logp", action="store_true", help="the values are log-probabilities")
-    p.add_argument("--backend", default="numpy", help="numpy, numba, torch or cvxpy")
+    p.add_argument("--backend", default="numpy",
+                   help="numpy, numba, torch or cvxpy (default: numpy)")
+    p.add_argument("--format", choices=FORMATS, default="table",
+                   help=f"table (default): aligned columns, numbers to {TABLE_DIGITS} "
+                        "significant digits; csv, json: one record per value of p, each "
+                        "number the shortest decimal that reads back as the same float64 "
+                        "(a log of 0 is -inf in csv, null in json)")
     p.set_defaults(func=_bounds)
 
     p = sub.add_parser("plot", help="draw bands against p next to fixed clipping")
-    p.add_argument("--div", default="kl,tv,chi2", help="comma-separated names")
+    p.add_argument("--div", default="kl,tv,chi2",
+                   help="comma-separated divergence names (default: %(default)s)")
     p.add_argument("--delta", type=float, default=0.05, help="radius (default: 0.05)")
-    p.add_argument("-o", "--output", default="band.png", help="PNG file (default: band.png)")
+    p.add_argument("-o", "--output", type=image_path, default="band.png",
+                   help="image file; .png is added to a name without extension "
+                        "(default: %(default)s)")
     p.add_argument("--compare-clip", type=float, metavar="EPS", default=None,
                    help="draw instead the probability a token may gain, p (r_hi - 1), against "
                         "p, for PPO clip EPS and the bands")
     p.add_argument("--match-p", type=float, metavar="P", default=None,
                    help="with --compare-clip: give each band the radius whose upper edge at "
                         "p = P is 1 + EPS (fbands.calibrate_delta) instead of --delta")
-    p.set_defaults(func=_plot)
+    p.set_defaults(func=_plot, needs="plot")
 
 
 def _divergences(args: argparse.Namespace) -> int:
@@ -56,9 +73,13 @@ def _divergences(args: argparse.Namespace) -> int:
 
 
 def _fmt(x: float) -> str:
-    if x == 0 or not math.isfinite(x):
-        return str(x)
-    return f"{x:.10g}" if 1e-4 <= abs(x) < 1e7 else f"{x:.6e}"
+    """A number of the table: :data:`TABLE_DIGITS` significant digits, ``inf``, ``nan``."""
+    return f"{x:.{TABLE_DIGITS}g}"
+
+
+def _exact(x: float) -> str:
+    """A number of csv: the shortest text that reads back as the same float64."""
+    return repr(float(x))
 
 
 def _bounds(args: argparse.Namespace) -> int:
@@ -69,11 +90,23 @@ def _bounds(args: argparse.Namespace) -> int:
     p = np.asarray(args.p, dtype=np.float64)
     lo, hi = fbands.bounds(p, args.delta, args.div, args.backend, logp=args.logp)
     llo, lhi = fbands.log_bounds(p, args.delta, args.div, "numpy", logp=args.logp)
-    print(f"div={fbands.get(args.div).name}  delta={args.delta:g}")
-    head = ("log p" if args.logp else "p", "lower", "upper", "log lower", "log upper")
-    print("".join(h.rjust(16) for h in head))
-    for row in zip(p, lo, hi, llo, lhi, strict=True):
-        print("".join(_fmt(float(v)).rjust(16) for v in row))
+    name = fbands.get(args.div).name
+    keys = ("logp" if args.logp else "p", "lower", "upper", "log_lower", "log_upper")
+    rows = [[float(v) for v in row] for row in zip(p, lo, hi, llo, lhi, strict=True)]
+    if args.format == "json":
+        records = [dict(zip(keys, [x if math.isfinite(x) else None for x in row], strict=True))
+                   for row in rows]
+        print(json.dumps({"div": name, "delta": args.delta, "rows": records}, allow_nan=False))
+    elif args.format == "csv":
+        print(",".join(("div", "delta", *keys)))
+        for row in rows:
+            print(",".join((name, _exact(args.delta), *map(_exact, row))))
+    else:
+        print(f"div={name}  delta={_fmt(args.delta)}")
+        head = ("log p" if args.logp else "p", "lower", "upper", "log lower", "log upper")
+        print("".join(h.rjust(18) for h in head))
+        for row in rows:
+            print("".join(_fmt(v).rjust(18) for v in row))
     return 0
 
 

@@ -25,6 +25,7 @@ alpha         ``(u**a - 1 - a (u - 1)) / (a (a - 1))``: Amari's alpha family, pa
 
 from __future__ import annotations
 
+import difflib
 import re
 import threading
 from functools import cached_property
@@ -32,7 +33,7 @@ from typing import Any
 
 import sympy as sp
 
-from fbands import _checks, _derived, _expr, _generators, symbolic
+from fbands import _checks, _derived, _expr, _generators, _presets, symbolic
 from fbands.errors import DivergenceError
 
 __all__ = ["Divergence", "available", "get", "register"]
@@ -346,7 +347,12 @@ def get(name: str | Divergence, **params: Any) -> Divergence:
         return name
     if not isinstance(name, str):
         raise DivergenceError(f"a divergence is named by a string, got {type(name).__name__}")
-    base, args, kwargs = _expr.parse_spec(name)
+    try:
+        base, args, kwargs = _expr.parse_spec(name)
+    except DivergenceError:
+        if _NAME_LIKE.fullmatch(name.strip()) or _preset_divergence(name.strip()):
+            raise _unknown(name.strip()) from None  # a name, not a malformed spec
+        raise
     if args or kwargs or name.rstrip().endswith(")"):
         if base not in _FAMILIES:
             raise DivergenceError(f"{base!r} is not a family; families: {list(_FAMILIES)}")
@@ -368,9 +374,44 @@ def get(name: str | Divergence, **params: Any) -> Divergence:
         if params:
             raise DivergenceError(f"{name} takes no parameters, got {sorted(params)}")
         return _REGISTRY[key]
-    raise DivergenceError(
-        f"unknown divergence {name!r}; available: {', '.join(available())}"
-    )
+    raise _unknown(name)
+
+
+#: What a misspelt name looks like: a spec that does not parse is reported as an unknown name
+_NAME_LIKE = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _preset_divergence(name: str) -> tuple[str | None] | None:
+    """``(divergence,)`` when ``name`` is a loss preset (``divergence`` None for one
+    without a band), else None.  ``band-reverse-kl`` is the preset of ``reverse_kl``."""
+    found = _presets.fields(name)
+    return None if found is None else (found.get("div"),)
+
+
+def _unknown(name: str) -> DivergenceError:
+    """The error for a name that is no divergence: the available names, the closest ones,
+    and, for a loss preset's name, the divergence that preset uses."""
+    names = available()
+    preset = _preset_divergence(name)
+    if preset is not None:
+        (div,) = preset
+        if div is None:
+            return DivergenceError(f"{name!r} is a loss preset (fbands.losses.preset), not a "
+                                   f"divergence, and has no band; divergences: "
+                                   f"{', '.join(names)}")
+        try:
+            return DivergenceError(f"{name!r} is a loss preset (fbands.losses.preset); its "
+                                   f"divergence is {get(div).name!r}")
+        except DivergenceError as err:
+            return DivergenceError(f"{name!r} looks like a loss preset (band-<div>), but its "
+                                   f"divergence {div!r} is refused: {err}")
+    message = f"unknown divergence {name!r}"
+    key = name.lower().replace("-", "_")
+    close = difflib.get_close_matches(key, [*names, *_ALIASES], n=2, cutoff=0.6)
+    close = list(dict.fromkeys(_ALIASES.get(c, c) for c in close))
+    if close:
+        message += f" (did you mean {' or '.join(map(repr, close))}?)"
+    return DivergenceError(f"{message}; available: {', '.join(names)}")
 
 
 def _builtins() -> None:

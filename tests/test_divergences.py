@@ -10,7 +10,7 @@ import pytest
 import sympy as sp
 
 import fbands
-from fbands import symbolic
+from fbands import divergences, symbolic
 
 from . import reference as ref
 
@@ -166,3 +166,73 @@ def test_lookup_errors():
     with pytest.raises(fbands.DivergenceError, match="takes no parameters"):
         fbands.get("kl", a=1)
     assert fbands.get("KL") is fbands.get("kullback_leibler") is fbands.get("kl")
+
+
+# --- a name that is no divergence: the names, the closest one, a preset's divergence -----------
+
+
+@pytest.mark.parametrize("spec", ["no-such-divergence", "kll", "nope_2", "x-y-z"])
+def test_an_unknown_name_lists_the_available_ones(spec):
+    with pytest.raises(fbands.DivergenceError) as err:
+        fbands.bounds(0.5, 0.05, div=spec)
+    message = str(err.value)
+    assert message.startswith(f"unknown divergence {spec!r}")
+    assert "available: " + ", ".join(fbands.available()) in message
+    assert "position" not in message  # not a parse error of a malformed spec
+
+
+@pytest.mark.parametrize("spec, close", [("kll", "kl"), ("tv2", "tv"), ("reverse-kl", "reverse_kl"),
+                                         ("hellinger2", "hellinger"), ("jensen-shannon", "js")])
+def test_an_unknown_name_suggests_the_closest(spec, close):
+    with pytest.raises(fbands.DivergenceError, match=f"did you mean '{close}'"):
+        fbands.get(spec)
+
+
+def test_no_suggestion_when_nothing_is_close():
+    with pytest.raises(fbands.DivergenceError) as err:
+        fbands.get("no-such-divergence")
+    assert "did you mean" not in str(err.value)
+
+
+@pytest.mark.parametrize("spec, div", [("band-kl", "kl"), ("band-mask-tv", "tv"),
+                                       ("band-gppo-chi2", "chi2"),
+                                       ("band-reverse-kl", "reverse_kl"),
+                                       ("band-alpha(a=0.5)", "alpha(a=1/2)"), ("trgppo", "kl")])
+def test_a_loss_preset_says_which_divergence_it_means(spec, div):
+    with pytest.raises(fbands.DivergenceError) as err:
+        fbands.bounds(0.5, 0.05, div=spec)
+    assert str(err.value) == f"{spec!r} is a loss preset (fbands.losses.preset); its " \
+                             f"divergence is {div!r}"
+
+
+def test_a_preset_without_a_band_or_with_an_unknown_divergence():
+    with pytest.raises(fbands.DivergenceError, match="'clip' is a loss preset .* no band"):
+        fbands.get("clip")
+    with pytest.raises(fbands.DivergenceError, match="'band-nope' looks like a loss preset .*"
+                                                     "unknown divergence 'nope'; available"):
+        fbands.get("band-nope")
+    with pytest.raises(fbands.DivergenceError, match="did you mean 'kl'"):
+        fbands.get("band-kll")
+
+
+def test_malformed_specs_keep_their_parse_errors():
+    for spec, fragment in [("kl tv", "position 3"), ("alpha(a=", "position"),
+                           ("u**2", "position"), ("alpha(a=1e400)", "out of range")]:
+        with pytest.raises(fbands.DivergenceError, match=fragment):
+            fbands.get(spec)
+
+
+def test_every_loss_preset_is_named_in_the_message():
+    """fbands.get and fbands.losses.preset read one table (fbands/_presets.py)."""
+    from fbands import _presets
+
+    for name, fields in _presets.PRESETS.items():
+        with pytest.raises(fbands.DivergenceError, match=f"'{name}' is a loss preset") as err:
+            fbands.get(name)
+        assert ("no band" in str(err.value)) == ("div" not in fields), name
+    pytest.importorskip("torch")  # (the losses need it)
+    from fbands.losses import preset
+
+    for name in ("band-kl", "band-mask-tv", "band-gppo-reverse-kl", "band-alpha(a=0.5)"):
+        (div,) = divergences._preset_divergence(name)
+        assert preset(name).div == div, name

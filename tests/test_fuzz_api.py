@@ -320,7 +320,10 @@ def test_cli_train_any_options(options, tmp_path_factory):
     assert (code == 0) == bool(seen)  # a valid configuration reached train(), only then
 
 
-def test_library_errors_are_the_four():
+def test_library_errors_are_the_four_and_a_missing_extra():
+    from fbands._optional import MissingDependencyError
+
     assert set(LIBRARY_ERRORS) == {fbands.BandError, fbands.DivergenceError, fbands.LossError,
-                                   fbands.ConfigError}
-    assert all(issubclass(e, ValueError) for e in LIBRARY_ERRORS)
+                                   fbands.ConfigError, MissingDependencyError}
+    assert all(issubclass(e, ValueError) for e in LIBRARY_ERRORS if e is not
+               MissingDependencyError)

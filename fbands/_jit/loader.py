@@ -13,6 +13,12 @@ any of them compiles afresh, and a second process loads the machine code from di
 Import safety: every file is written by this process, or kept only when its bytes are the
 ones this process would write (a damaged or planted file is replaced), and the modules are
 imported by path, one by one, so nothing else in the folder is ever imported.
+
+The first compile of a divergence's kernels (and of any other numba code of fbands, such as
+the tables' kernels) takes seconds to a minute, once per machine.  A listener of numba's
+``numba:compile`` event, which numba sends only when its on-disk cache does not hold the
+function, emits one notice saying so (:func:`fbands._notice.notice`) before the compile
+starts; a process that loads the kernels from disk prints nothing.
 """
 
 from __future__ import annotations
@@ -27,8 +33,9 @@ from pathlib import Path
 from types import ModuleType
 
 import numba
+from numba.core import event as _numba_event
 
-from fbands import _band_function, _cache, _solver
+from fbands import _band_function, _cache, _notice, _solver
 from fbands._jit import codegen, prims
 
 __all__ = ["Kernels", "cache_dir", "kernels", "package_files", "python_kernels"]
@@ -73,7 +80,65 @@ def _package_name(div, files: dict[str, bytes]) -> str:
     for path in _DEPENDS:
         h.update(path.read_bytes())
     safe = "".join(c if c.isalnum() else "_" for c in div.name)
-    return f"fbands_{safe}_{h.hexdigest()[:32]}"
+    name = f"fbands_{safe}_{h.hexdigest()[:32]}"
+    _DIVERGENCE_OF[name] = div.name
+    return name
+
+
+#: package name -> the name of its divergence (for the compile notice)
+_DIVERGENCE_OF: dict[str, str] = {}
+
+
+def compile_notice(module: str) -> str | None:
+    """The notice for a compile of numba code from ``module`` (None: not fbands' code)."""
+    package = module.split(".", 1)[0]
+    if package in _DIVERGENCE_OF:
+        what = f"the numba kernels of divergence {_DIVERGENCE_OF[package]!r}"
+    elif module.startswith("fbands.tables"):
+        what = "the numba kernels of the band tables"
+    elif module == "fbands" or module.startswith("fbands."):
+        what = f"numba kernels ({module})"
+    else:
+        return None
+    return (f"compiling {what}, once per machine (later runs load them from the disk "
+            "cache): this may take a minute")
+
+
+class _CompileListener(_numba_event.Listener):
+    """Emits :func:`compile_notice` for the outermost compile only (numba compiles a
+    kernel's callees while compiling it): once per process for each divergence, and for
+    the kernels that all divergences share only when no notice came before.  numba compiles
+    under one global lock, so the depth count needs none of its own."""
+
+    def __init__(self):
+        self.depth = 0
+        self.told: set[str] = set()
+
+    def on_start(self, event) -> None:
+        self.depth += 1
+        if self.depth != 1:
+            return
+        try:
+            dispatcher = (event.data or {}).get("dispatcher")
+            module = getattr(getattr(dispatcher, "py_func", None), "__module__", None) or ""
+            message = compile_notice(module)
+            package = module.split(".", 1)[0]
+            key = package if package in _DIVERGENCE_OF else module
+            # kernels shared by every divergence (the tables'): one notice in a process will do
+            shared = key != package and self.told
+            if message is not None and key not in self.told and not shared:
+                self.told.add(key)
+                _notice.notice(message)
+        except Exception:  # a notice must never break a compile
+            pass
+
+    def on_end(self, event) -> None:
+        self.depth -= 1
+
+
+#: the listener of this process (a test swaps in a fresh one)
+LISTENER = _CompileListener()
+_numba_event.register("numba:compile", LISTENER)
 
 
 _LOCK = threading.Lock()

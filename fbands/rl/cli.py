@@ -14,6 +14,7 @@ import time
 import typing
 from pathlib import Path
 
+from fbands.cli import image_path, positive_int
 from fbands.rl.config import HELP, PRETRAINED_DEFAULTS, TrainConfig
 
 #: the demo: clip (eps 0.2) against band-kl (delta 0.05) on the tail task
@@ -73,14 +74,14 @@ def register(subparsers) -> None:
                    help="continue the run in --run-dir from its last checkpoint (its saved "
                         "config.json is the base; changed options must be resumable)")
     _config_arguments(p)
-    p.set_defaults(func=cmd_train)
+    p.set_defaults(func=cmd_train, needs="rl")
 
     p = subparsers.add_parser(
         "demo", help="clip vs band-kl on the tail task with the built-in model (~3 min CPU)",
         description="Train the built-in tiny model on the tail task twice, with PPO clip "
                     "(eps 0.2) and with band-kl (delta 0.05), then plot and tabulate both.")
     p.add_argument("--out", default="runs/demo", help="folder for both runs and the plot")
-    p.add_argument("--steps", type=int, default=None,
+    p.add_argument("--steps", type=positive_int, default=None,
                    help=f"RL steps per run (default: {DEMO_STEPS}; {DEMO_PRETRAINED_STEPS} with "
                         "--model)")
     p.add_argument("--model", default="tiny",
@@ -88,14 +89,16 @@ def register(subparsers) -> None:
                         "(e.g. smollm2-135m: the sum task, LoRA, a few minutes on a CPU)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
-    p.set_defaults(func=cmd_demo)
+    p.set_defaults(func=cmd_demo, needs="rl")
 
     p = subparsers.add_parser(
         "compare", help="plot reward/accuracy/entropy of runs and print a table",
         description="Draw reward, accuracy and entropy curves of the given run folders into "
                     "one PNG and print a summary table.")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    p.add_argument("--out", default="compare.png", help="PNG to write (default: %(default)s)")
+    p.add_argument("--out", type=image_path, default="compare.png",
+                   help="image to write; .png is added to a name without extension "
+                        "(default: %(default)s)")
     p.add_argument("--target", type=float, default=0.8,
                    help="accuracy whose first step the table reports (default: %(default)s)")
     p.set_defaults(func=cmd_compare)
@@ -127,7 +130,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if (run_dir / "config.json").is_file():  # a previous demo: start afresh
             shutil.rmtree(run_dir)
         base = DEMO_CONFIG if args.model == "tiny" else {**DEMO_PRETRAINED, "model": args.model}
-        steps = args.steps or (DEMO_STEPS if args.model == "tiny" else DEMO_PRETRAINED_STEPS)
+        steps = args.steps  # None, or at least 1 (positive_int refuses --steps 0)
+        if steps is None:
+            steps = DEMO_STEPS if args.model == "tiny" else DEMO_PRETRAINED_STEPS
         cfg = TrainConfig(**{**base, **options}, steps=steps, seed=args.seed,
                           run_dir=str(run_dir), progress=not args.no_progress)
         t_run = time.perf_counter()
@@ -146,7 +151,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     try:
         table = compare(args.run_dirs, args.out, target=args.target)
     except ValueError as err:
-        print(f"fbands compare: {err}", file=sys.stderr)
+        print(f"fbands: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
     print(table)
     print(f"\nplot: {args.out}")
