@@ -10,6 +10,7 @@ growing faster than a power of ``u``.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import sympy as sp
@@ -29,6 +30,7 @@ def parse_f(f: str | sp.Expr, params: tuple[str, ...]) -> sp.Expr:
             raise DivergenceError(f"cannot parse f = {f!r}: {err}") from None
     if not isinstance(f, sp.Expr):
         raise DivergenceError(f"f must be a sympy expression or a string, got {type(f).__name__}")
+    _check_size(f)
     # Accept any symbol named u, whatever its assumptions.
     f = f.xreplace({s: symbolic.U for s in f.free_symbols if s.name == "u"})
     f = f.xreplace({s: sp.Symbol(s.name, real=True) for s in f.free_symbols if s.name in params})
@@ -40,6 +42,28 @@ def parse_f(f: str | sp.Expr, params: tuple[str, ...]) -> sp.Expr:
         )
     _expr.check_nodes(f)
     return f
+
+
+def _check_size(f: sp.Expr) -> None:
+    """The limits of a generator given as a string, for one given as a sympy expression:
+    printed, it is at most :data:`fbands._expr.MAX_LENGTH` characters long, and it nests
+    functions and powers at most :data:`fbands._expr.MAX_DEPTH` deep (sympy's derivations
+    take time that grows fast with either)."""
+    size, stack = 0, [(f, 0)]
+    while stack:
+        node, depth = stack.pop()
+        size += 1
+        if size > 4 * _expr.MAX_LENGTH:  # (printing a huge tree is itself slow)
+            break
+        depth += isinstance(node, (sp.Function, sp.Pow))
+        if depth > _expr.MAX_DEPTH:
+            raise DivergenceError(f"f nests functions and powers more than "
+                                  f"{_expr.MAX_DEPTH} deep")
+        stack.extend((arg, depth) for arg in node.args)
+    length = len(sp.sstr(f)) if size <= 4 * _expr.MAX_LENGTH else math.inf
+    if length > _expr.MAX_LENGTH:
+        raise DivergenceError(f"f is longer than {_expr.MAX_LENGTH} characters when printed; "
+                              "a generator is a line, not a program")
 
 
 def param_value(family: str, key: str, value: Any) -> sp.Rational:

@@ -213,6 +213,10 @@ _ALIASES = {
 }
 
 
+#: Longest name :func:`register` accepts (a spec with parameters must stay parseable).
+MAX_NAME = 100
+
+
 def register(
     name: str,
     f: str | sp.Expr,
@@ -227,7 +231,7 @@ def register(
     Parameters
     ----------
     name : str
-        A new name (letters, digits, underscores).
+        A new name (letters, digits, underscores; at most :data:`MAX_NAME` characters).
     f : str or sympy.Expr
         The generator as an expression in ``u``, e.g. ``"(u - 1)**2 / (u + 1)"``.
     params : sequence of str
@@ -261,16 +265,28 @@ def register(
     """
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         raise DivergenceError(f"invalid divergence name {name!r}")
+    if len(name) > MAX_NAME:
+        raise DivergenceError(f"a divergence name has at most {MAX_NAME} characters, got "
+                              f"{len(name)}")
+    bad = [k for k in params if not isinstance(k, str) or not k.isidentifier() or k == "u"]
+    if bad:
+        raise DivergenceError(f"invalid parameter name(s) {bad} (u is the variable of f)")
     if not overwrite and (name in _REGISTRY or name in _FAMILIES or name in _ALIASES):
         raise DivergenceError(f"a divergence named {name!r} exists; pass overwrite=True")
     params = tuple(params)
     expr = _generators.parse_f(f, params)
+    if not params and check:
+        _generators.check_generator(name, expr)
+    # What the name meant before goes: an alias of that spelling, and a family's members
+    # (each made from the old generator when first asked for).
+    if _ALIASES.get(name.lower()) not in (None, name):
+        del _ALIASES[name.lower()]
+    for member in [k for k, d in _REGISTRY_MEMBERS.items() if d.family == name]:
+        del _REGISTRY_MEMBERS[member]
     if params:
         _FAMILIES[name] = (expr, params, description)
         _REGISTRY.pop(name, None)
         return Divergence(name, expr, description)
-    if check:
-        _generators.check_generator(name, expr)
     div = Divergence(name, expr, description)
     _REGISTRY[name] = div
     _FAMILIES.pop(name, None)
@@ -367,7 +383,9 @@ def get(name: str | Divergence, **params: Any) -> Divergence:
             values[key] = value
         return _family_member(base, values)
     name = base
-    key = _ALIASES.get(name.lower(), name.lower())
+    # A registered name as spelt, else a built-in or alias in any case ("KL", "Pearson").
+    key = name if name in _REGISTRY or name in _FAMILIES else _ALIASES.get(name.lower(),
+                                                                           name.lower())
     if key in _FAMILIES:
         return _family_member(key, params)
     if key in _REGISTRY:

@@ -25,10 +25,12 @@ def _restore_registry():
         dict(divergences._REGISTRY),
         dict(divergences._FAMILIES),
         dict(divergences._REGISTRY_MEMBERS),
+        dict(divergences._ALIASES),
     )
     yield
     for live, old in zip(
-        (divergences._REGISTRY, divergences._FAMILIES, divergences._REGISTRY_MEMBERS),
+        (divergences._REGISTRY, divergences._FAMILIES, divergences._REGISTRY_MEMBERS,
+         divergences._ALIASES),
         saved,
         strict=True,
     ):

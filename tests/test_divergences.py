@@ -236,3 +236,51 @@ def test_every_loss_preset_is_named_in_the_message():
     for name in ("band-kl", "band-mask-tv", "band-gppo-reverse-kl", "band-alpha(a=0.5)"):
         (div,) = divergences._preset_divergence(name)
         assert preset(name).div == div, name
+
+
+def test_an_overwritten_name_means_the_new_generator_everywhere():
+    """issue 27, F7: a family's members, an alias of the same spelling and a name with
+    capitals all follow what was registered last."""
+    fbands.register("fam", "b*(u-1)**2", params=("b",))
+    chi2 = fbands.bounds(0.3, 0.05, "fam(b=1)", backend="numpy")
+    assert chi2 == fbands.bounds(0.3, 0.05, "chi2", backend="numpy")
+    fbands.register("fam", "b*(u-1-log(u))", params=("b",), overwrite=True)
+    assert fbands.get("fam", b=1).f == fbands.get("kl").f
+    assert fbands.bounds(0.3, 0.05, "fam(b=1)", backend="numpy") == \
+        fbands.bounds(0.3, 0.05, "kl", backend="numpy")
+    assert fbands.get("pearson").name == "chi2"  # an alias of chi2 ...
+    fbands.register("pearson", "u - 1 - log(u)", overwrite=True)
+    assert fbands.get("pearson").f == fbands.get("kl").f  # ... until the name is taken
+    assert fbands.get("chi2").name == "chi2"
+    mine = fbands.register("MyDiv", "(u - 1)**2 / (u + 3)")
+    assert "MyDiv" in fbands.available() and fbands.get("MyDiv") is mine
+    assert fbands.get("KL") is fbands.get("kl")  # built-ins in any case, as before
+
+
+def test_a_sympy_generator_meets_the_limits_of_a_string():
+    """issue 27, F14: a sympy object was checked for its nodes only, so a sum of hundreds
+    of terms or a 60-deep nesting went on to sympy's derivations for minutes."""
+    import time
+
+    u = sp.Symbol("u")
+    terms = [(u ** sp.Rational(k, 7) - 1 - sp.Rational(k, 7) * (u - 1))
+             / (sp.Rational(k, 7) * (sp.Rational(k, 7) - 1)) for k in range(8, 400)]
+    deep = u
+    for _ in range(60):
+        deep = sp.cosh(sp.Add(deep, -1, evaluate=False), evaluate=False)
+    start = time.perf_counter()
+    with pytest.raises(fbands.DivergenceError, match="longer than 500 characters"):
+        fbands.register("many_terms", sp.Add(*terms))
+    with pytest.raises(fbands.DivergenceError, match="more than 40 deep"):
+        fbands.register("deep", deep - sp.cosh(0))
+    assert time.perf_counter() - start < 10
+    assert fbands.register("fine", (u - 1) ** 2 / (u + 1)).name == "fine"
+
+
+def test_names_that_could_not_be_used_are_refused_at_registration():
+    with pytest.raises(fbands.DivergenceError, match="u is the variable"):
+        fbands.register("shadow", "(u - 1)**2 * a", params=("u",))
+    with pytest.raises(fbands.DivergenceError, match="at most 100 characters"):
+        fbands.register("x" * 10_000, "(u - 1)**2")
+    long = fbands.register("y" * 100, "(u - 1)**2 / (u + 1)")
+    assert fbands.get("y" * 100) is long
