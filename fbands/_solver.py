@@ -58,6 +58,17 @@ from fbands._band_function import (  # noqa: F401  (LN2, LP_TINY ...: the method
 if TYPE_CHECKING:
     from fbands.divergences import Divergence
 
+#: Where the small-radius band ``1 -+ sqrt(2 delta q / (f''(1) p))`` is an edge to float64:
+#: its relative error is of the order of ``|r - 1|`` and ``|c - 1| = (p / q) |r - 1|``, the
+#: distances from 1 of both masses' ratios, and below this there Newton is not needed
+#: (and would meet ``g`` in subnormal numbers, delta below 1e-290).
+SMALL_BAND_EXACT = 1e-17
+#: Below this distance (as for :data:`SMALL_BAND_EXACT`) a root of a squared closed form is
+#: replaced by the small-radius band, polished twice (each polish squares a relative error
+#: of at most 1e-4 away).
+SQUARED_NEAR_ONE = 1e-4
+#: The float next to 0 below it: the last point of the tiny upper edge's bracket.
+W_ULP = 5e-324
 #: Smallest q used in the equations: p = 1 is solved as p = 1 - 1e-300, which gives the
 #: p -> 1 limit [r*, 1] exactly in float64.
 Q_FLOOR = 1e-300
@@ -137,6 +148,9 @@ def _solve_tiny(div: Divergence, xp, x: Inputs, fixed_iter, kernels=None):
                            fixed_iter=fixed_iter)
         T1, _ = fun._T(zero)
         w = xp.where(T1 + div.f0 <= x.delta, 0.0, w)
+        # g still below delta a float below w = 0: the root is closer to 0 than that
+        # (1 - v underflows, KL at delta 1000), and v = 1 to working precision.
+        w = xp.where(fun.value(zero - W_ULP) < x.delta, 0.0, w)
         s_hi = w - x.lp
     if math.isfinite(d.f0):
         s_lo = zero - math.inf  # p f(0) -> 0: the ball reaches r = 0
@@ -195,10 +209,11 @@ def upper_root(xp, form, p, q, delta):
 
 
 def lower_root(xp, form_y, form_r, p, q, delta, polish: bool = True):
-    """The lower edge from its unsquared closed forms: ``(r, ill)``.
+    """The lower edge from its unsquared closed forms: ``(r, y, ill)``.
 
-    The smallest positive root of the form in ``y = 1 - r`` (none, or one at ``y >= 1``:
-    saturated, ``r <= 0``) gives ``r`` without cancellation near 1.  Below ``r = 1/2`` its
+    The smallest positive root ``y`` of the form in ``y = 1 - r`` (none, or one at
+    ``y >= 1``: saturated, ``r <= 0``) gives ``r`` without cancellation near 1, and
+    ``log1p(-y)`` its log-edge with every digit of a small ``y``.  Below ``r = 1/2`` its
     absolute error of an ulp of 1 is too much for a small edge, and one Newton step on the
     form in ``r`` (``polish``) brings it to that form's own accuracy.  ``ill``: either form
     is ill-conditioned where it is used.  The closed-form pass takes its lower edges from the
@@ -207,15 +222,16 @@ def lower_root(xp, form_y, form_r, p, q, delta, polish: bool = True):
     """
     (b2, b1, b0), _, zero_y = form_y
     y1, y2, ill = real_roots(xp, b2(p, q, delta), b1(p, q, delta), b0(p, q, delta), zero_y)
-    r = 1.0 - smallest_positive(xp, y1, y2)
+    y = smallest_positive(xp, y1, y2)
+    r = 1.0 - y
     if not polish:
-        return r, ill
+        return r, y, ill
     (c2, c1, c0), _, zero = form_r
     a2, a1, a0 = (c(p, q, delta) + 0.0 * p for c in (c2, c1, c0))
     below_half = r < 0.5
     step = newton_step(a2, a1, a0, xp.where(below_half & (r > 0), r, 0.25), zero)
     ill = ill | (below_half & real_roots(xp, a2, a1, a0, zero)[2])
-    return xp.where(below_half & (r > 0), r - step, r), ill
+    return xp.where(below_half & (r > 0), r - step, r), y, ill
 
 
 def _squared_edge(fun: BandFunction, edge: str):
@@ -254,8 +270,8 @@ def _closed_edge(fun: BandFunction, edge: str):
     if edge == "upper":
         y, ill = upper_root(xp, fun.closed["upper"], x.p, x.q, x.delta)
         return xp.log1p(y), ill
-    r, ill = lower_root(xp, fun.closed["lower_y"], fun.closed["lower"], x.p, x.q, x.delta)
-    return xp.log(r), ill
+    r, y, ill = lower_root(xp, fun.closed["lower_y"], fun.closed["lower"], x.p, x.q, x.delta)
+    return xp.where(r >= 0.5, xp.log1p(-xp.minimum(y, 0.5)), xp.log(r)), ill
 
 
 def polish(fun: BandFunction, s, lo, hi):
@@ -276,7 +292,7 @@ def _initial_guess(fun: BandFunction, curvature: float, edge: str):
     """The small-delta (chi-square shaped) band, ``1 -+ sqrt(2 delta q / (f''(1) p))``."""
     xp, x = fun.xp, fun.x
     k = curvature if math.isfinite(curvature) and curvature > 0 else 1.0
-    w = xp.sqrt(2.0 * x.delta / (k * fun.p_over_q))
+    w = xp.sqrt(2.0 * x.delta) / xp.sqrt(k * fun.p_over_q)  # (2 delta q / p may underflow)
     if edge == "upper":
         return xp.minimum(xp.log1p(w), -0.5 * x.lp)
     # Far from 1, the leading behaviour of f at 0 (p f(r) = delta) is the better guess.
@@ -357,19 +373,31 @@ def _edge(fun: BandFunction, name: str, lo, hi, fixed_iter, tiny: bool, no_close
     LP_CLOSED), Newton elsewhere; with how it was found and Newton's iterations."""
     xp = fun.xp
     zero = 0.0 * fun.x.lp
+    k = fun.div.curvature
+    smooth = math.isfinite(k) and k > 0  # (f smooth at 1: the small-radius band holds)
+    small_band = _initial_guess(fun, k, name)
+    # both masses' ratios next to 1: r - 1 = y and c - 1 = -(p / q) y
+    near_one = xp.abs(small_band) * xp.maximum(1.0, fun.p_over_q)
+    exact_band = near_one < SMALL_BAND_EXACT
     newton = None
     if name not in fun.closed or tiny:
-        guess = _initial_guess(fun, fun.div.curvature, name)
-        newton, iters = newton_edge(fun, name, guess, lo, hi, fixed_iter=fixed_iter)
+        newton, iters = newton_edge(fun, name, small_band, lo, hi, fixed_iter=fixed_iter)
     if name not in fun.closed:
-        return newton, zero + NEWTON, iters
+        return (xp.where(exact_band, small_band, newton) if smooth else newton,
+                zero + NEWTON, iters)
     s, close = _closed_edge(fun, name)
+    if smooth and not unsquared(fun.closed, name):
+        # A squared form's root next to r = 1 keeps few digits (two roots of its polynomial
+        # in r nearly meet); the small-radius band is the better start for the polish.
+        s = xp.where(near_one < SQUARED_NEAR_ONE, polish(fun, small_band, lo, hi), s)
     s = xp.where(close, polish(fun, s, lo, hi), s)
     how = xp.where(close, float(POLISHED), float(CLOSED)) + zero
-    if newton is None:
-        return s, how, zero
-    return (xp.where(no_closed, newton, s), xp.where(no_closed, float(NEWTON), how),
-            xp.where(no_closed, iters, 0.0))
+    if newton is not None:
+        s, how, iters = (xp.where(no_closed, newton, s), xp.where(no_closed, float(NEWTON), how),
+                         xp.where(no_closed, iters, 0.0))
+    else:
+        iters = zero
+    return (xp.where(exact_band, small_band, s) if smooth else s), how, iters
 
 
 def solve(div: Divergence, xp, inputs: Inputs, *, fixed_iter=None, tiny=None, at_one=None,

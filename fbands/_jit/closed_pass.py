@@ -39,7 +39,7 @@ def closed_block(x, start, stop, delta, p_closed, at_one, small_edge, out_lo, ou
         q = 1.0 - p
         y, ill_hi = upper_root_one(p, q, delta)
         hi = min(1.0 + y, 1.0 / p)
-        r, ill_lo = lower_root_one(p, q, delta, is_float64(out_lo))
+        r, _, ill_lo = lower_root_one(p, q, delta, is_float64(out_lo))
         # (Bitwise, not a conditional expression: that one keeps the loop from vectorising.)
         doubt = ill_hi | ill_lo | (abs(r) < small_edge)
         one = p == 1.0

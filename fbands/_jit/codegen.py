@@ -74,6 +74,7 @@ def constants(div) -> dict[str, float | int | bool]:
         "LOWER_UNSQUARED": unsquared(squared, "lower"),
         "F0": float(div.f0),
         "CURVATURE": float(curv) if math.isfinite(curv) and curv > 0 else 1.0,
+        "SMOOTH": math.isfinite(curv) and curv > 0,  # (the small-radius band holds)
         "FPRIME_INF": float(div.fprime_inf),
         "NEAR_DIFFERS": src["F_near"] != src["F_far"],
         "HAS_UPPER": d.upper is not None,

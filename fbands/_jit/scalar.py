@@ -36,10 +36,13 @@ from fbands._solver import (
     NEWTON,
     POLISHED,
     SATURATED,
+    SMALL_BAND_EXACT,
+    SQUARED_NEAR_ONE,
     STEP_TOL,
     TAIL_SWITCH,
     TINY,
     TOP_SLACK,
+    W_ULP,
     WIDTH_FLOOR,
 )
 
@@ -55,6 +58,7 @@ from .leaves import (
     LOWER_ZERO,
     NEAR,
     NEAR_DIFFERS,
+    SMOOTH,
     TAIL0_A,
     TAIL0_K,
     TAIL0_KIND,
@@ -214,7 +218,7 @@ def lower_tail_one(lp, delta):
 @numba.njit(**OPTS)
 def initial_guess_one(upper, lp, poq, delta):
     """:func:`_initial_guess`."""
-    w = math.sqrt(2.0 * delta / (CURVATURE * poq))
+    w = math.sqrt(2.0 * delta) / math.sqrt(CURVATURE * poq)  # (see _initial_guess)
     if upper:
         return fmin(math.log1p(w), -0.5 * lp)
     if w < TAIL_SWITCH:
@@ -269,7 +273,8 @@ def lower_root_one(p, q, delta, polish):
     y1, y2, ill = real_roots_one(np.float64(lower_y_a2(p, q, delta)),
                                  np.float64(lower_y_a1(p, q, delta)),
                                  np.float64(lower_y_a0(p, q, delta)), LOWER_Y_ZERO)
-    r = 1.0 - smallest_positive_one(y1, y2)
+    y = smallest_positive_one(y1, y2)
+    r = 1.0 - y
     if polish:  # (a constant at each call site)
         a2 = np.float64(lower_a2(p, q, delta))
         a1 = np.float64(lower_a1(p, q, delta))
@@ -278,7 +283,7 @@ def lower_root_one(p, q, delta, polish):
         step = below_half & (r > 0.0)
         ill = ill | (below_half & real_roots_one(a2, a1, a0, LOWER_ZERO)[2])
         r = r - newton_step_one(a2, a1, a0, r, LOWER_ZERO) if step else r
-    return r, ill
+    return r, y, ill
 
 
 @numba.njit(**OPTS)
@@ -312,7 +317,9 @@ def closed_edge_one(upper, lp, lq, p, q, poq, delta):
     if upper:
         y, ill = upper_root_one(p, q, delta)
         return (math.log1p(y) if y > -1 else math.nan), ill
-    r, ill = lower_root_one(p, q, delta, True)
+    r, y, ill = lower_root_one(p, q, delta, True)
+    if r >= 0.5:
+        return math.log1p(-y), ill
     return (math.log(r) if r > 0 else (-math.inf if r == 0 else math.nan)), ill
 
 
@@ -330,14 +337,20 @@ def polish_one(s, lo, hi, lp, lq, p, q, poq, delta):
 def edge_one(upper, lo, hi, lp, lq, p, q, poq, delta):
     """:func:`_edge`: ``(log-edge before saturation, how, iterations)``."""
     has_closed = HAS_UPPER if upper else HAS_LOWER
+    small_band = initial_guess_one(upper, lp, poq, delta)
+    near_one = abs(small_band) * fmax(1.0, poq)  # (see _edge)
+    exact_band = SMOOTH and near_one < SMALL_BAND_EXACT
     if not has_closed or lp < LP_CLOSED:
-        s0 = initial_guess_one(upper, lp, poq, delta)
-        s, n = newton_one(BAND, upper, s0, lo, hi, lp, lq, p, q, poq, delta)
-        return s, NEWTON, n
+        s, n = newton_one(BAND, upper, small_band, lo, hi, lp, lq, p, q, poq, delta)
+        return (small_band if exact_band else s), NEWTON, n
     s, close = closed_edge_one(upper, lp, lq, p, q, poq, delta)
+    if SMOOTH and not (UPPER_UNSQUARED if upper else LOWER_UNSQUARED) \
+            and near_one < SQUARED_NEAR_ONE:
+        s = polish_one(small_band, lo, hi, lp, lq, p, q, poq, delta)
+    how = CLOSED
     if close:
-        return polish_one(s, lo, hi, lp, lq, p, q, poq, delta), POLISHED, 0
-    return s, CLOSED, 0
+        s, how = polish_one(s, lo, hi, lp, lq, p, q, poq, delta), POLISHED
+    return (small_band if exact_band else s), how, 0
 
 
 @numba.njit(**OPTS)
@@ -351,6 +364,8 @@ def tiny_one(lp, delta):
         w, n = newton_one(TINY_UPPER, True, w0, -math.inf, 0.0, lp, 0.0, 0.0, 1.0, 0.0, delta)
         if tiny_terms(0.0, lp)[0] + F0 <= delta:
             w = 0.0
+        if value_and_slope_one(TINY_UPPER, -W_ULP, lp, 0.0, 0.0, 1.0, 0.0)[0] < delta:
+            w = 0.0  # the root within a float of 0 (see _solve_tiny)
         s_hi = w - lp
     if math.isfinite(F0):
         return -math.inf, s_hi, n

@@ -1,0 +1,104 @@
+"""Bands at extreme radii (issue 27, F4 to F6), against an independent reference.
+
+A radius far below float64's resolution of the closed forms (delta = 1e-18 puts the edges
+1e-9 from 1, where a root of a polynomial in r keeps half its digits), down to the smallest
+subnormal (where g itself underflows), and a radius so large at a tiny p that the mass left
+to the other tokens underflows. Below float64's resolution of ``1 - r`` the ratio is what is
+promised (a few ulps of 1), with the edges strictly on their sides of 1; where the small-
+radius band ``1 -+ sqrt(2 delta q / (f''(1) p))`` is exact to float64 (radii below about
+1e-34), the log-edges are also right relatively. The reference bisects in 400-digit
+arithmetic on the distance of the edge from 1, relatively, from THEORY's definition of g
+alone (the generators of tests/reference.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import mpmath as mp
+import numpy as np
+import pytest
+
+import fbands
+
+from . import reference as ref
+
+SMALL = [1e-18, 1e-40, 1e-120, 1e-300, 5e-324]
+PS = [0.5, 0.1, 0.9, 1e-5, 1 - 1e-5]
+#: Divergences of tests/reference.py, the user-registered one included.
+DIVS = sorted(ref.TABLE)
+
+
+def _log_edges_near_one(f, p: float, delta: float):
+    """``(log lower, log upper)`` at a radius so small that both edges lie next to 1: each
+    by bisection on ``log t`` for the edge ``1 -+ t`` (g grows with t on both sides)."""
+    with mp.workdps(400):
+        p, delta = mp.mpf(p), mp.mpf(delta)
+        out = []
+        for sign in (-1, 1):
+            def g(log_t, sign=sign):
+                return ref.g(f, p, 1 + sign * mp.exp(log_t))
+
+            hi = mp.log(mp.sqrt(delta)) + 10
+            while g(hi) <= delta:
+                hi += 10
+            lo = hi - 20
+            while g(lo) > delta:
+                lo -= 20
+            for _ in range(120):  # 2^-120 of 20 in log t: far below float64
+                mid = (lo + hi) / 2
+                lo, hi = (mid, hi) if g(mid) <= delta else (lo, mid)
+            out.append(mp.log1p(sign * mp.exp((lo + hi) / 2)))
+        return out
+
+
+def _close(got: float, want) -> bool:
+    """The ratio's accuracy (docs/theory/numerics.md): ``r = exp(s)`` within 1e-12 of
+    ``|s|`` and a few ulps of 1, and never on the wrong side of 1 (nor on it)."""
+    want = float(want)
+    return (abs(got - want) <= 1e-12 * abs(want) + 4 * 2.0**-53
+            and math.copysign(1.0, got) == math.copysign(1.0, want) and got != 0)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("div", DIVS)
+def test_radii_below_float64_resolution(div, backend, user_divergence):
+    if backend == "numba":
+        pytest.importorskip("numba")
+    f = ref.TABLE[div]
+    ps = np.array(PS)
+    for delta in SMALL:
+        lo, hi = fbands.log_bounds(ps, np.full(ps.shape, delta), div, backend=backend)
+        for i, p in enumerate(PS):
+            w_lo, w_hi = _log_edges_near_one(f, p, delta)
+            assert _close(lo[i], w_lo), (div, p, delta, lo[i], float(w_lo))
+            assert _close(hi[i], w_hi), (div, p, delta, hi[i], float(w_hi))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_a_large_radius_at_a_tiny_p_reaches_one_over_p(backend):
+    """KL at p = 1e-200 and delta = 1000: the upper edge's other mass, 1 - p r, is
+    e^-1000 of 1, below the smallest float, so the edge is 1/p to working precision."""
+    if backend == "numba":
+        pytest.importorskip("numba")
+    for p in (1e-150, 1e-200, 1e-300):
+        for delta in (1e3, 1e4):
+            lo, hi = fbands.log_bounds(np.array([p]), np.array([delta]), "kl",
+                                       backend=backend)
+            assert hi[0] == pytest.approx(-math.log(p), rel=1e-15)
+            assert lo[0] == pytest.approx(-delta / p, rel=1e-12)  # KL: p f(r) ~ -p log r
+    assert fbands.bounds(1e-200, 1000.0, "kl") == (0.0, pytest.approx(1e200, rel=1e-14))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_the_smallest_radii_give_log_edges_right_relatively(backend):
+    if backend == "numba":
+        pytest.importorskip("numba")
+    for div in ("kl", "chi2", "hellinger", "js"):
+        for delta in (1e-120, 5e-324):
+            lo, hi = fbands.log_bounds(np.array(PS), np.full(len(PS), delta), div,
+                                       backend=backend)
+            for i, p in enumerate(PS):
+                w_lo, w_hi = _log_edges_near_one(ref.TABLE[div], p, delta)
+                assert lo[i] == pytest.approx(float(w_lo), rel=1e-12), (div, p, delta)
+                assert hi[i] == pytest.approx(float(w_hi), rel=1e-12), (div, p, delta)
