@@ -27,7 +27,33 @@ from __future__ import annotations
 import math
 import numbers
 
-__all__ = ["interval", "is_positive", "is_real", "number", "positive", "violation"]
+__all__ = ["interval", "is_positive", "is_real", "number", "positive", "shown", "to_float",
+           "violation"]
+
+#: the largest finite float64 (a number beyond it, an int or a Fraction, overflows it)
+FLOAT_MAX = 1.7976931348623157e308
+
+
+def to_float(value) -> float:
+    """``float(value)`` of a real number, or an infinity of its sign when it is too large
+    for a float64 (an int or a Fraction of hundreds of digits, whose ``float`` raises)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def shown(value, limit: int = 80) -> str:
+    """``repr(value)`` for a message, at most ``limit`` characters: an int of thousands of
+    digits (which Python refuses to print) is named by its size instead."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        digits = int(value.bit_length() * math.log10(2)) + 1
+        return f"{'a negative' if value < 0 else 'an'} integer of about {digits} digits"
+    try:
+        text = repr(value)
+    except ValueError:  # a Fraction (or other number) of a huge int
+        return f"a {type(value).__name__} too long to print"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def is_real(value) -> bool:
@@ -40,7 +66,7 @@ def is_real(value) -> bool:
 def is_positive(value) -> bool:
     """Whether ``value`` is a real number in ``(0, inf)`` (the radius of a band, and every
     other strictly positive setting)."""
-    return is_real(value) and math.isfinite(value) and value > 0
+    return is_real(value) and math.isfinite(to_float(value)) and value > 0
 
 
 def interval(low: float, high: float, low_open: bool, high_open: bool) -> str:
@@ -58,14 +84,17 @@ def violation(value, *, low: float = -math.inf, high: float = math.inf,
     (a bool, a string, nan, an infinity, a value out of range): ``"must be a finite number
     > 0"``, with the interval as :func:`interval` states it.  ``finite=False`` lets the
     infinities through, and the rule reads ``"must be a number"`` (nan never passes)."""
-    x = float(value) if is_real(value) else math.nan
+    x = to_float(value) if is_real(value) else math.nan
     inside = ((math.isfinite(x) or (not finite and x == x))
               and (x > low if low_open else x >= low)
               and (x < high if high_open else x <= high))
     if inside:
         return None
-    return ("must be a finite number" if finite else "must be a number") + _where(
+    rule = ("must be a finite number" if finite else "must be a number") + _where(
         low, high, low_open, high_open)
+    if math.isinf(x) and isinstance(value, numbers.Rational):
+        rule += f" (a float64: at most {FLOAT_MAX:.4g} in size)"  # an int or Fraction
+    return rule
 
 
 def _where(low, high, low_open, high_open) -> str:
@@ -78,7 +107,7 @@ def number(name: str, value, error: type[Exception], **rule) -> float:
     else raise ``error``: ``"<name> must be a finite number > 0, got -1"``."""
     broken = violation(value, **rule)
     if broken is not None:
-        raise error(f"{name} {broken}, got {value!r}")
+        raise error(f"{name} {broken}, got {shown(value)}")
     return float(value)
 
 

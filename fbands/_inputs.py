@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from fbands import _checks
 from fbands._solver import LP_CLOSED, Q_FLOOR, Inputs
 from fbands.errors import BandError
 
@@ -70,7 +71,7 @@ def check_kind(name: str, value: Any, check: bool) -> None:
     except (TypeError, ValueError) as err:  # ragged nesting, for one
         raise BandError(f"{name} must be a float or an array of floats: {err}") from None
     if kind not in "iuf":
-        what = "bool" if kind == "b" else f"{type(value).__name__} {value!r:.60}"
+        what = "bool" if kind == "b" else f"{type(value).__name__} {_checks.shown(value, 60)}"
         raise BandError(f"{name} must be a float or an array of floats, not {what}")
 
 
@@ -81,7 +82,11 @@ def scalar_delta(delta: Any) -> float | None:
     if isinstance(delta, bool):
         return None
     if isinstance(delta, (int, float, np.floating, np.integer)):
-        return float(delta)
+        try:
+            return float(delta)
+        except OverflowError:  # an int of hundreds of digits
+            raise BandError(f"delta must lie in (0, inf) and fit a float64 (at most "
+                            f"{_checks.FLOAT_MAX:.4g}); got {_checks.shown(delta)}") from None
     if isinstance(delta, np.ndarray) and delta.ndim == 0 and delta.dtype.kind in "fiu":
         return float(delta)
     return None

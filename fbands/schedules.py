@@ -364,6 +364,43 @@ _USAGE = ("a number (constant), constant:START, linear|cosine:START:END:STEPS, "
           "or adaptive:TARGET_KL[:START[:LOW:HIGH]]")
 
 
+#: the most digits of a step count (a 5000-digit one would not even convert to an int)
+_MAX_DIGITS = 18
+
+
+def _field(text: str, name: str, field: str):
+    """The number of field ``name``, or a :class:`ConfigError` that states its real rule
+    (``total_steps`` an integer >= 1, ``hold_steps`` >= 0, every other field > 0)."""
+    if name in _INTEGERS:
+        least = 1 if name == "total_steps" else 0
+        if not _INT_RE.fullmatch(field) or len(field.lstrip("0")) > _MAX_DIGITS:
+            raise ConfigError(f"delta schedule {_short(text)!r}: {name} must be an integer "
+                              f">= {least} of at most {_MAX_DIGITS} digits, got "
+                              f"{_short(field)!r}")
+        if int(field) < least:
+            raise ConfigError(f"delta schedule {_short(text)!r}: {name} must be an integer "
+                              f">= {least}, got {field!r}")
+        return int(field)
+    if not _NUMBER_RE.fullmatch(field):
+        try:  # a number the grammar does not take (-1, inf, nan): say the rule it breaks
+            float(field)
+        except ValueError:
+            rule = "must be a number"
+        else:
+            rule = "must be a finite number > 0"
+        raise ConfigError(f"delta schedule {_short(text)!r}: {name} {rule}, got "
+                          f"{_short(field)!r}")
+    broken = _checks.violation(float(field), low=0.0, low_open=True)  # (400 digits: inf)
+    if broken is not None:
+        raise ConfigError(f"delta schedule {_short(text)!r}: {name} {broken}, got "
+                          f"{_short(field)!r}")
+    return float(field)
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def parse_schedule(text: str, *, start: float | None = None):
     """A :class:`DeltaSchedule` or :class:`AdaptiveDelta` from its string.
 
@@ -411,11 +448,7 @@ def parse_schedule(text: str, *, start: float | None = None):
                                   f"{', '.join(_WORDS[name])}, got {field!r}")
             values[name] = field == "decay" if name == "decay" else field
             continue
-        pattern = _INT_RE if name in _INTEGERS else _NUMBER_RE
-        if not pattern.fullmatch(field):
-            what = "an integer" if name in _INTEGERS else "a number"
-            raise ConfigError(f"delta schedule {text!r}: {name} must be {what}, got {field!r}")
-        values[name] = int(field) if name in _INTEGERS else float(field)
+        values[name] = _field(text, name, field)
     if kind == "adaptive":
         if "start" not in values:
             if start is None:

@@ -98,15 +98,15 @@ def test_parse_adaptive():
         ("linear:0.1:0.02:100:5", "has 4 field"),
         ("hold_linear:0.1:0.02:100", "has 3 field"),
         ("linear:0.1:0.02:1e3", "total_steps must be an integer"),
-        ("linear:0.1:-0.02:100", "end must be a number"),
+        ("linear:0.1:-0.02:100", "end must be a finite number > 0, got '-0.02'"),
         ("cosine:__import__('os'):0.02:100", "start must be a number"),
-        ("linear:0.1:0.02:0", "total_steps must be >= 1"),
+        ("linear:0.1:0.02:0", "total_steps must be an integer >= 1, got '0'"),
         ("hold_linear:0.1:0.02:100:100", "hold_steps \\(100\\) must be < total_steps"),
         ("constant:0", "start must be a finite number > 0"),
         ("adaptive:0.01", "needs a starting radius"),
         ("adaptive:0.01:0.05:0.01", "has 3 field"),
         ("adaptive:0.01:0.05:0.1:0.5", "need low <= start <= high"),
-        ("linear:nan:0.02:10", "start must be a number"),
+        ("linear:nan:0.02:10", "start must be a finite number > 0, got 'nan'"),
     ],
 )
 def test_parse_errors(text, match):

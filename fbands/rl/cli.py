@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import shutil
+import json
 import sys
 import time
 import typing
 from pathlib import Path
 
 from fbands.cli import image_path, positive_int
+from fbands.errors import ConfigError
 from fbands.rl.config import HELP, PRETRAINED_DEFAULTS, TrainConfig
 
 #: the demo: clip (eps 0.2) against band-kl (delta 0.05) on the tail task
@@ -26,6 +27,10 @@ DEMO_STEPS = 30
 DEMO_PRETRAINED = dict(PRETRAINED_DEFAULTS, prompts_per_step=2, max_new_tokens=24,
                        eval_every=2, eval_prompts=8)
 DEMO_PRETRAINED_STEPS = 4
+#: the files a demo run writes (all that ``--force`` may remove), and the note in its
+#: config.json that tells a folder of the demo's own from any other
+DEMO_FILES = ("config.json", "metrics.jsonl", "checkpoint.pt")
+DEMO_MARK = {"written_by": "fbands demo"}
 
 
 def _config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,6 +94,10 @@ def register(subparsers) -> None:
                         "(e.g. smollm2-135m: the sum task, LoRA, a few minutes on a CPU)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    p.add_argument("--force", action="store_true",
+                   help="replace runs in --out that the demo did not write (a previous demo's "
+                        "are replaced anyway); only the run files (" + ", ".join(DEMO_FILES)
+                        + ") are removed, never other files")
     p.set_defaults(func=cmd_demo, needs="rl")
 
     p = subparsers.add_parser(
@@ -122,19 +131,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from fbands.rl.compare import compare
     from fbands.rl.train import train
 
-    out = Path(args.out)
+    out = Path(args.out).expanduser()
+    for name, _options in DEMO_RUNS:  # every folder checked before any is cleared
+        _demo_folder_free(out / name, force=args.force)
+    for name, _options in DEMO_RUNS:
+        for file in DEMO_FILES:
+            (out / name / file).unlink(missing_ok=True)
     t0 = time.perf_counter()
     dirs = []
     for name, options in DEMO_RUNS:
         run_dir = out / name
-        if (run_dir / "config.json").is_file():  # a previous demo: start afresh
-            shutil.rmtree(run_dir)
         base = DEMO_CONFIG if args.model == "tiny" else {**DEMO_PRETRAINED, "model": args.model}
         steps = args.steps  # None, or at least 1 (positive_int refuses --steps 0)
         if steps is None:
             steps = DEMO_STEPS if args.model == "tiny" else DEMO_PRETRAINED_STEPS
         cfg = TrainConfig(**{**base, **options}, steps=steps, seed=args.seed,
-                          run_dir=str(run_dir), progress=not args.no_progress)
+                          run_dir=str(run_dir), progress=not args.no_progress,
+                          extra=dict(DEMO_MARK))
         t_run = time.perf_counter()
         train(cfg)
         print(f"{name}: {time.perf_counter() - t_run:.1f} s", file=sys.stderr)
@@ -143,6 +156,29 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(table)
     print(f"\nplot: {out / 'compare.png'}   total time {time.perf_counter() - t0:.0f} s")
     return 0
+
+
+def _demo_folder_free(run_dir: Path, *, force: bool) -> None:
+    """Refuse (a ConfigError) a run folder that holds a run the demo did not write, unless
+    ``force``: a previous demo's folder (marked in its config.json, and holding only the
+    demo's files) is the demo's to replace."""
+    present = [f for f in DEMO_FILES if (run_dir / f).exists()]
+    if not present or force:
+        return
+    try:
+        mark = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))["extra"]
+    except (OSError, ValueError, KeyError, TypeError):
+        mark = None
+    others = sorted(p.name for p in run_dir.iterdir() if p.name not in DEMO_FILES)
+    if isinstance(mark, dict) and mark.get("written_by") == DEMO_MARK["written_by"] \
+            and not others:
+        return
+    why = (f"it holds files the demo did not write ({', '.join(others[:3])}"
+           f"{', ...' if len(others) > 3 else ''})" if others else
+           "the demo did not write that run")
+    raise ConfigError(f"{str(run_dir)!r} already holds a run and {why}: choose another --out, "
+                      f"or pass --force to replace its {', '.join(present)} (other files are "
+                      "kept)")
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -18,8 +18,40 @@ def load_run(run_dir: str | Path) -> tuple[dict, list[dict]]:
         raise ValueError(f"{str(run_dir)!r} is not a run folder (no metrics.jsonl)")
     config_path = run_dir / "config.json"
     config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not isinstance(config, dict):
+        raise ValueError(f"{str(config_path)!r} holds no table of options")
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as err:
+            raise ValueError(f"{path}, line {number}: not valid JSON ({err})") from None
+        rows.append(_checked_row(row, f"{path}, line {number}"))
     return config, rows
+
+
+#: the metrics that the plot and the table read, besides ``step``
+READ_KEYS = (*(key for key, _ in CURVES), "loss/tail_clipfrac_upper", "tokens_per_s")
+
+
+def _checked_row(row, where: str) -> dict:
+    """A metrics line whose step is an integer and whose metrics read here are numbers
+    (nan and the infinities pass, as ``train`` writes them); else a ValueError naming the
+    line and the key."""
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: a metrics line is a JSON object, got "
+                         f"{type(row).__name__}")
+    step = row.get("step")
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise ValueError(f"{where}: 'step' must be an integer, got {step!r:.40}")
+    for key in READ_KEYS:
+        value = row.get(key, 0.0)
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ValueError(f"{where}: {key!r} must be a number, got "
+                             f"{json.dumps(value)[:40]}")
+    return row
 
 
 def steps_to(rows: list[dict], key: str, target: float) -> int | None:

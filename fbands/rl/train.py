@@ -41,9 +41,7 @@ import dataclasses
 import json
 import math
 import os
-import random
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -51,6 +49,11 @@ import numpy as np
 import torch
 
 from fbands.losses import METRIC_KEYS, Band, agg_loss, policy_loss, precompute_band
+from fbands.rl.checkpoint import load_checkpoint, rng_state_problem
+from fbands.rl.checkpoint import rng_state as _rng_state
+from fbands.rl.checkpoint import save_atomic as _save_atomic
+from fbands.rl.checkpoint import saved_step as _saved_step
+from fbands.rl.checkpoint import set_rng_state as _set_rng_state
 from fbands.rl.config import ConfigError, TrainConfig
 from fbands.rl.diagnostics import (
     UPDATE_STATS,
@@ -61,7 +64,7 @@ from fbands.rl.diagnostics import (
     update_stats,
 )
 from fbands.rl.evaluate import answer_metrics, evaluate
-from fbands.rl.model import load_policy, token_logprobs, warm_start
+from fbands.rl.model import load_policy, max_positions, token_logprobs, warm_start
 from fbands.rl.rollout import sample
 from fbands.rl.tasks import make_task
 
@@ -100,86 +103,6 @@ def _step_seed(seed: int, step: int) -> int:
     return int(np.random.default_rng([seed, step, 1]).integers(2**62))
 
 
-def _save_atomic(obj, path: Path) -> None:
-    """``torch.save`` to a temporary file in the same folder, then rename over ``path``."""
-    with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(f.name, path)
-
-
-def _rng_state(device: torch.device) -> dict:
-    """Global RNG states.  The loop draws from per-step generators; these cover user code.
-
-    Only tensors and plain Python data, so that the checkpoint loads with
-    ``torch.load(weights_only=True)``: numpy's key becomes an int64 tensor.
-    """
-    np_state = np.random.get_state(legacy=False)  # noqa: NPY002
-    state = {"python": random.getstate(),  # (version, tuple of ints, gauss or None)
-             "numpy": {"bit_generator": np_state["bit_generator"],
-                       "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
-                       "pos": int(np_state["state"]["pos"]),
-                       "has_gauss": int(np_state["has_gauss"]),
-                       "gauss": float(np_state["gauss"])},
-             "torch": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def _set_rng_state(state: dict, device: torch.device) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    np_state = state["numpy"]
-    np.random.set_state({"bit_generator": np_state["bit_generator"],  # noqa: NPY002
-                         "state": {"key": np_state["key"].numpy().astype(np.uint32),
-                                   "pos": np_state["pos"]},
-                         "has_gauss": np_state["has_gauss"], "gauss": np_state["gauss"]})
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and device.type == "cuda":
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
-#: what a checkpoint holds, and the type of each entry
-_CHECKPOINT_ENTRIES = {"model": dict, "optimizer": dict, "rng": dict, "step": int,
-                       "config": dict}
-
-
-def load_checkpoint(path: str | os.PathLike) -> dict:
-    """Read a checkpoint written by :func:`train`, safely.
-
-    ``torch.load(weights_only=True)`` rebuilds only tensors and plain data: a file that
-    asks to run code is refused, never executed.  A file that cannot be read (empty,
-    truncated, corrupt, not a checkpoint) or lacks an entry raises :class:`ConfigError`.
-    """
-    path = Path(path)
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # whatever the reason, the file is not a usable checkpoint
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-        raise ConfigError(f"checkpoint {str(path)!r} cannot be read ({reason}); it is empty, "
-                          "truncated, corrupt or not an fbands checkpoint: restore a good "
-                          "copy, or start a new run in another run_dir") from err
-    if not isinstance(saved, dict):
-        raise ConfigError(f"checkpoint {str(path)!r} holds a {type(saved).__name__}, not an "
-                          "fbands checkpoint")
-    for key, kind in _CHECKPOINT_ENTRIES.items():
-        if not isinstance(saved.get(key), kind) or isinstance(saved.get(key), bool):
-            raise ConfigError(f"checkpoint {str(path)!r} has no valid {key!r} entry (got "
-                              f"{type(saved.get(key)).__name__}); it is not a complete "
-                              "fbands checkpoint")
-    return saved
-
-
-def _saved_step(path: Path) -> int | None:
-    """The step of the checkpoint at ``path``; None when there is none or it is unreadable."""
-    try:
-        return load_checkpoint(path)["step"] if path.exists() else None
-    except ConfigError:
-        return None
-
-
 def _logged_step(line: str) -> float:
     """The step of a metrics line; a line cut short by a kill counts as never written."""
     try:
@@ -192,6 +115,51 @@ def _logged_step(line: str) -> float:
 #: (run_dir too: the checkpoint was found there, so ./r3, r3/ and /abs/r3 all name the run)
 _RESUMABLE_CHANGES = {"steps", "progress", "checkpoint_every", "threads", "device", "cache_dir",
                       "run_dir"}
+
+
+def _saved_config(cfg: TrainConfig, path: Path) -> dict:
+    """``config.json`` of a run to resume that has no checkpoint (a ConfigError if none)."""
+    if not path.is_file():
+        raise ConfigError(f"run_dir={cfg.run_dir!r}: --resume given but neither {CHECKPOINT} "
+                          f"nor {CONFIG} is there: nothing to resume; start the run without "
+                          "--resume")
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as err:
+        raise ConfigError(f"{str(path)!r} cannot be read as JSON ({err})") from err
+    if not isinstance(saved, dict):
+        raise ConfigError(f"{str(path)!r} holds no table of options")
+    return saved
+
+
+def _check_unchanged(cfg: TrainConfig, saved: dict) -> None:
+    """Refuse options of a resumed run that differ from the saved ones (but the resumable)."""
+    changed = sorted(k for k, v in saved.items()
+                     if k not in _RESUMABLE_CHANGES and getattr(cfg, k, v) != v)
+    if changed:
+        raise ConfigError(f"resume: options {changed} differ from the saved run "
+                          f"{[saved[k] for k in changed]}")
+
+
+def _keep_metrics(path: Path, step: int) -> None:
+    """Keep the lines of ``metrics.jsonl`` up to ``step`` (atomically: a kill keeps all)."""
+    if not path.exists():
+        return
+    kept = [ln for ln in path.read_text().splitlines() if _logged_step(ln) <= step]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(ln + "\n" for ln in kept))
+    os.replace(tmp, path)
+
+
+def _check_positions(cfg: TrainConfig, model, codec, prompts) -> None:
+    """Refuse a ``max_new_tokens`` that, after the longest prompt, passes the model's last
+    position (GPT-2's position table would fail with an IndexError mid-step)."""
+    limit = max_positions(model)
+    longest = max((len(codec.prompt_ids(p.text)) for p in prompts), default=0)
+    if limit is not None and longest + cfg.max_new_tokens > limit:
+        raise ConfigError(f"max_new_tokens={cfg.max_new_tokens}: a prompt of {longest} tokens "
+                          f"and its answer must fit the model's {limit} positions, so at most "
+                          f"{max(limit - longest, 0)}")
 
 
 # --- the loop ------------------------------------------------------------------------------
@@ -232,19 +200,20 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
     schedule = cfg.schedule()  # None: the radius stays loss_cfg.delta
     run_dir = Path(cfg.run_dir)
     ckpt_path, metrics_path = run_dir / CHECKPOINT, run_dir / METRICS
-    if resume and not ckpt_path.is_file():
-        raise ConfigError(f"run_dir={cfg.run_dir!r}: --resume given but no {CHECKPOINT} there")
     if not resume and (ckpt_path.exists() or metrics_path.exists()):
-        raise ConfigError(f"run_dir={cfg.run_dir!r} already holds a run: pass --resume to "
-                          "continue it or choose another run_dir")
+        how = ("pass --resume to continue it" if ckpt_path.exists() else
+               f"it stopped before its first {CHECKPOINT}: pass --resume to start it again "
+               "from step 0")
+        raise ConfigError(f"run_dir={cfg.run_dir!r} already holds a run: {how}, or choose "
+                          "another run_dir")
     saved = None
-    if resume:  # read and check the checkpoint before the expensive set-up
+    # --resume of a run stopped before its first checkpoint: start it again from step 0
+    restart = resume and not ckpt_path.is_file()
+    if restart:
+        _check_unchanged(cfg, _saved_config(cfg, run_dir / CONFIG))
+    elif resume:  # read and check the checkpoint before the expensive set-up
         saved = load_checkpoint(ckpt_path)
-        changed = sorted(k for k, v in saved["config"].items()
-                         if k not in _RESUMABLE_CHANGES and getattr(cfg, k, v) != v)
-        if changed:
-            raise ConfigError(f"resume: options {changed} differ from the saved run "
-                              f"{[saved['config'][k] for k in changed]}")
+        _check_unchanged(cfg, saved["config"])
     device = _device(cfg)
     autocast = _autocast(cfg, device)
     if cfg.threads:
@@ -257,6 +226,10 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
     # 1. task, policy (warm-started), frozen reference, optimizer ---------------------------
     task = make_task(cfg)
     model, codec = load_policy(cfg, task, log=log)
+    eval_prompts = task.prompts(np.random.default_rng([cfg.warm_start_seed, 99]),
+                                cfg.eval_prompts, split="eval")
+    _check_positions(cfg, model, codec, [*eval_prompts, *task.prompts(
+        np.random.default_rng([cfg.seed, 0]), cfg.prompts_per_step)])
     model.to(device)
     log(warm_start(model, codec, task, cfg, device, log=log))
     if loss_cfg.soft is not None:
@@ -264,29 +237,34 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
             f"soft_width={loss_cfg.soft_width}) in place of the hard clip of {loss_cfg.method}")
     reference = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
-    eval_prompts = task.prompts(np.random.default_rng([cfg.warm_start_seed, 99]),
-                                cfg.eval_prompts, split="eval")
     G, start_step = cfg.group_size, 0
     kl_total = 0.0  # KL(old || new) summed over the steps (kl/cumulative)
     if saved is not None:
         try:
             model.load_state_dict(saved["model"])
             optimizer.load_state_dict(saved["optimizer"])
-            _set_rng_state(saved["rng"], device)
             if schedule is not None and schedule.adaptive:
                 schedule.load_state_dict(saved["delta_schedule"])
         except (RuntimeError, ValueError, KeyError, TypeError) as err:
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
             raise ConfigError(f"checkpoint {str(ckpt_path)!r} does not fit this run's model "
                               f"and optimizer ({reason})") from err
+        broken = rng_state_problem(saved["rng"])
+        if broken is not None:  # checked whole before any of it is set
+            raise ConfigError(f"checkpoint {str(ckpt_path)!r} has a damaged 'rng' entry: "
+                              f"{broken}; restore a good copy, or start a new run in another "
+                              "run_dir")
+        _set_rng_state(saved["rng"], device)
         start_step = saved["step"]
         kl_total = float(saved.get("kl_cumulative", 0.0))
-        lines = metrics_path.read_text().splitlines() if metrics_path.exists() else []
-        kept = [ln for ln in lines if _logged_step(ln) <= start_step]
-        metrics_path.write_text("".join(ln + "\n" for ln in kept))  # drop unsaved steps
+        _keep_metrics(metrics_path, start_step)  # drop the steps after the checkpoint
         log(f"resumed {cfg.run_dir} at step {start_step}")
     else:
         torch.manual_seed(cfg.seed)
+        if restart:
+            _keep_metrics(metrics_path, 0)
+            log(f"{cfg.run_dir} has no {CHECKPOINT} (the run stopped before its first one): "
+                "starting it again from step 0")
         (run_dir / CONFIG).write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
 
     def save_checkpoint(step: int) -> None:
