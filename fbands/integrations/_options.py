@@ -47,6 +47,10 @@ def as_float(name: str, value, *, optional: bool = False) -> float | None:
     Traceback (most recent call last):
     ...
     fbands.errors.ConfigError: delta must be a number, got True
+    >>> as_float("delta", 10**400)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    fbands.errors.ConfigError: delta must be a number within float range ... too large for a float
     """
     if value is None and optional:
         return None
@@ -58,7 +62,12 @@ def as_float(name: str, value, *, optional: bool = False) -> float | None:
         if math.isnan(number) or "_" in value:
             raise ConfigError(f"{name} must be a number, got {value!r}")
         return number
-    return _checks.number(name, value, ConfigError, finite=False)  # (numpy scalars pass)
+    try:
+        return _checks.number(name, value, ConfigError, finite=False)  # (numpy scalars pass)
+    except OverflowError:  # an int or Fraction beyond float range (10**400)
+        kind = type(value).__name__
+        raise ConfigError(f"{name} must be a number within float range (|x| < 1.8e308), "
+                          f"got a value of type {kind} too large for a float") from None
 
 
 def as_str(name: str, value) -> str:

@@ -67,6 +67,7 @@ from trl import GRPOConfig, GRPOTrainer
 import fbands
 from fbands import losses as fl
 from fbands.errors import ConfigError
+from fbands.integrations._names import merge, named_fields
 from fbands.integrations._options import as_bool, as_float, as_str
 from fbands.integrations._trl_loss import LOWER, UPPER, BandLoss
 
@@ -106,11 +107,19 @@ class BandGRPOConfig(GRPOConfig):
     Parameters
     ----------
     band_method : str
-        Any entry of :data:`fbands.losses.METHODS`; ``"band_clip"`` is BandPO.
-    band_div : str
-        Divergence of the trust region (``fbands.available()``).
-    band_delta : float
-        Radius of the trust region.
+        The loss: a preset of :func:`fbands.losses.preset` (``"band-kl"``, ``"band-mask-tv"``,
+        ``"clip-higher"``, ``"dcpo"``, ..., the names of ``fbands train --loss``, with the
+        same meaning), or, as an alias, an entry of :data:`fbands.losses.METHODS`
+        (``"band_clip"``, the default, is BandPO; a name that is both, such as ``"dcpo"``,
+        means the preset).  Options set explicitly win over the preset's values: a
+        ``band_*`` option that is not None, and TRL's clip widths when ``epsilon`` or
+        ``epsilon_high`` differs from TRL's default (0.2 / unset); otherwise the preset's
+        widths apply.
+    band_div : str or None
+        Divergence of the trust region (``fbands.available()``); unset: the preset's,
+        else ``"kl"``.
+    band_delta : float or None
+        Radius of the trust region; unset: the preset's, else 0.05.
     band_relax : bool
         Widen the band to at least ``[1 - epsilon, 1 + epsilon_high]``.
     band_upper_bound_max : float or None
@@ -146,12 +155,14 @@ class BandGRPOConfig(GRPOConfig):
     TRLBandError
         For options whose loss a band cannot replace: a ``loss_type`` outside
         :data:`SUPPORTED_LOSS_TYPES`, sequence-level importance sampling, TRL's
-        two-sided ``delta`` (use ``band_dual_clip_c``) and the adaptive entropy bonus;
-        an unknown ``band_soft``, or ``band_soft_k`` / ``band_soft_width`` given for a form
-        that has no such parameter.
+        two-sided ``delta`` (use ``band_dual_clip_c``), the adaptive entropy bonus and
+        TRL's fused Liger loss (``use_liger_loss``, which older TRL versions have); a
+        ``band_method`` that names neither a preset nor a method; an unknown
+        ``band_soft``, or ``band_soft_k`` / ``band_soft_width`` given for a form that has no
+        such parameter.
     fbands.ConfigError
         For a band option of the wrong type (``band_delta=True``, ``band_relax="maybe"``;
-        the text ``"false"`` reads as False).
+        the text ``"false"`` reads as False) or beyond float range (``band_delta=10**400``).
     fbands.DivergenceError, fbands.losses.LossError
         For an unknown divergence or an invalid band option (all are ValueErrors).
 
@@ -167,10 +178,16 @@ class BandGRPOConfig(GRPOConfig):
 
     band_method: str = field(
         default="band_clip",
-        metadata={"help": "fbands loss method, one of fbands.losses.METHODS."},
+        metadata={"help": "The loss: a preset of fbands.losses.preset (band-kl, band-mask-tv, "
+                          "clip-higher, dcpo, ...) or a method of fbands.losses.METHODS."},
     )
-    band_div: str = field(default="kl", metadata={"help": "Divergence of the band."})
-    band_delta: float = field(default=0.05, metadata={"help": "Radius of the trust region."})
+    band_div: str | None = field(
+        default=None, metadata={"help": "Divergence of the band (unset: the preset's, or kl)."}
+    )
+    band_delta: float | None = field(
+        default=None, metadata={"help": "Radius of the trust region (unset: the preset's, or "
+                                        "0.05)."}
+    )
     band_relax: bool = field(
         default=False, metadata={"help": "Band at least as wide as the fixed clip."}
     )
@@ -220,6 +237,19 @@ class BandGRPOConfig(GRPOConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self._check_trl_options()
+        # An unknown divergence fails here, not at step 1; fbands.get parses the string
+        # (never evaluates it).  A bad delta, method or type fails in band_loss_config.
+        if self.band_div is not None:
+            fbands.get(as_str("band_div", self.band_div))
+        self.band_loss_config()
+        self.band_schedule()
+
+    def _check_trl_options(self) -> None:
+        """Refuse the TRL options whose loss would replace or bypass the band's."""
+        if getattr(self, "use_liger_loss", False):  # (TRL < 1.0; absent from TRL 1.16)
+            raise TRLBandError("use_liger_loss=True: TRL's fused Liger GRPO loss computes its "
+                               "own clipped loss and would bypass the band; leave it off")
         if self.loss_type not in SUPPORTED_LOSS_TYPES:
             raise TRLBandError(
                 f"loss_type={self.loss_type!r} has its own policy loss; a band keeps the "
@@ -236,11 +266,6 @@ class BandGRPOConfig(GRPOConfig):
             )
         if self.use_adaptive_entropy:
             raise TRLBandError("use_adaptive_entropy=True is not supported with a band loss")
-        # An unknown divergence fails here, not at step 1; fbands.get parses the string
-        # (never evaluates it).  A bad delta, method or type fails in band_loss_config.
-        fbands.get(as_str("band_div", self.band_div))
-        self.band_loss_config()
-        self.band_schedule()
 
     def band_schedule(self):
         """The :class:`fbands.DeltaSchedule` of ``band_delta_schedule``, or None."""
@@ -252,11 +277,12 @@ class BandGRPOConfig(GRPOConfig):
                                "band_delta)")
         if not text:
             return None
-        if not self.band_loss_config().uses_radius:
+        cfg = self.band_loss_config()
+        if not cfg.uses_radius:
             raise TRLBandError(f"band_delta_schedule={text!r}: band_method="
                                f"{self.band_method!r} has no radius to schedule")
         try:
-            schedule = parse_schedule(text, start=self.band_delta)
+            schedule = parse_schedule(text, start=cfg.delta)
         except ConfigError as err:
             raise TRLBandError(f"band_delta_schedule={text!r}: {err}") from err
         return schedule
@@ -271,6 +297,20 @@ class BandGRPOConfig(GRPOConfig):
             per-token weights.
         """
         eps_high = self.epsilon_high if self.epsilon_high is not None else self.epsilon
+        named = named_fields(self.band_method, "band_method", TRLBandError)
+        widths_given = (self.epsilon_high is not None
+                        or self.epsilon != GRPOConfig.__dataclass_fields__["epsilon"].default)
+        fields = merge(
+            named,
+            {"div": None if self.band_div is None else as_str("band_div", self.band_div),
+             "delta": as_float("band_delta", self.band_delta, optional=True),
+             "dual_clip_c": as_float("band_dual_clip_c", self.band_dual_clip_c, optional=True),
+             "upper_bound_max": as_float("band_upper_bound_max", self.band_upper_bound_max,
+                                         optional=True)},
+            {"eps_low": as_float("epsilon", self.epsilon),
+             "eps_high": as_float("epsilon_high", eps_high)},
+            widths_given,
+        )
         soft = self.band_soft
         if soft is not None and not isinstance(soft, str):
             raise TRLBandError(f"band_soft={soft!r} must be a string")
@@ -286,15 +326,8 @@ class BandGRPOConfig(GRPOConfig):
         except fl.LossError as err:
             raise TRLBandError(str(err)) from err
         return fl.LossConfig(
-            method=as_str("band_method", self.band_method),
-            div=as_str("band_div", self.band_div),
-            delta=as_float("band_delta", self.band_delta),
-            eps_low=as_float("epsilon", self.epsilon),
-            eps_high=as_float("epsilon_high", eps_high),
-            dual_clip_c=as_float("band_dual_clip_c", self.band_dual_clip_c, optional=True),
+            **fields,
             relax=as_bool("band_relax", self.band_relax),
-            upper_bound_max=as_float("band_upper_bound_max", self.band_upper_bound_max,
-                                     optional=True),
             truncation=as_float("band_truncation", self.band_truncation),
             agg="token-sum",
             **soft,

@@ -22,6 +22,10 @@ and add its fields with Hydra's ``+`` prefix::
     +actor_rollout_ref.actor.policy_loss.div=kl
     +actor_rollout_ref.actor.policy_loss.delta=0.05
 
+or name it by a preset of :func:`fbands.losses.preset` (as ``fbands train --loss``):
+``loss_mode=fbands`` and ``+...policy_loss.preset=band-kl`` (``clip-higher``, ``dcpo``, ...;
+see :class:`BandPolicyLossConfig` for the fields that win over a preset).
+
 verl's Ray workers build the actor configuration with ``hydra.utils.instantiate``,
 which imports this module to find :class:`BandPolicyLossConfig`; that import is what
 registers the losses, so the overrides above are enough inside every worker. Two more
@@ -31,18 +35,15 @@ verl's environment variable ``VERL_USE_EXTERNAL_MODULES=fbands.integrations.verl
 
 The radius is fixed (``policy_loss.delta``): in verl 0.9.1 a policy loss cannot know the
 global step.  verl calls it with ``old_log_prob``, ``log_prob``, ``advantages``,
-``response_mask``, ``loss_agg_mode``, ``config`` (the actor's ``ActorConfig``) and
-``rollout_is_weights`` only (``verl.workers.utils.losses.ppo_loss``, which selects those
-fields of the batch and drops the rest, the rollout's per-sample ``min_global_steps`` /
-``max_global_steps`` included); the trainer's ``global_steps`` goes into the generation
-batch's ``meta_info`` but not into the batch of ``update_actor``, and ``config`` holds no
-step counter (its ``global_batch_info`` is refilled per micro-batch with batch sizes only).
-The one per-step call carrying the step into the actor's process is
-``update_weights(global_steps=...)``, made after the update.  A decaying radius
-(:mod:`fbands.schedules`) is therefore applied by segments: resume verl from its
-``global_step_N`` checkpoint with ``policy_loss.delta`` set to the schedule's value at ``N``
-(the "Choosing delta" guide); ``fbands train`` and the TRL plug-in follow schedules step by
-step.  The radius used is logged as ``actor/band/delta``.
+``response_mask``, ``loss_agg_mode``, ``config`` (the actor's ``ActorConfig``, no step
+counter; its ``global_batch_info`` holds batch sizes only) and ``rollout_is_weights`` only
+(``verl.workers.utils.losses.ppo_loss`` drops the rest of the batch, the rollout's
+``min_global_steps`` / ``max_global_steps`` included; the trainer's ``global_steps`` stays in
+the generation batch's ``meta_info``, and ``update_weights(global_steps=...)`` comes after
+the update).  A decaying radius (:mod:`fbands.schedules`) is therefore applied by segments:
+resume from the ``global_step_N`` checkpoint with ``policy_loss.delta`` set to the
+schedule's value at ``N`` (the "Choosing delta" guide); ``fbands train`` and the TRL
+plug-in follow schedules step by step.  The radius used is logged as ``actor/band/delta``.
 """
 
 from __future__ import annotations
@@ -54,11 +55,12 @@ from typing import Any
 
 import torch
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, agg_loss, register_policy_loss
-from verl.workers.config import PolicyLossConfig
+from verl.workers.config import ActorConfig, PolicyLossConfig
 
 import fbands
 from fbands import losses as fl
 from fbands.errors import ConfigError
+from fbands.integrations._names import merge, mode_fields
 from fbands.integrations._options import as_bool, as_float, as_str
 from fbands.integrations._verl_extras import clip_counts, resolve_aliases, verl_metrics
 
@@ -89,6 +91,7 @@ ENTRY_POINT = ("verl.plugins", "fbands", "fbands.integrations.verl")
 
 
 logger = logging.getLogger(__name__)
+_ACTOR = ActorConfig.__dataclass_fields__  # verl's defaults of the clip ratios
 _LOGGED: set[fl.LossConfig] = set()  # the configurations already logged by this process
 
 
@@ -110,15 +113,20 @@ class BandPolicyLossConfig(PolicyLossConfig):
     loss_mode : str
         The registered loss: ``"band"``, ``"band_mask"``, ``"band_gppo"`` or
         ``"fbands"`` (see the module docstring).
+    preset : str or None
+        A preset of :func:`fbands.losses.preset` (``"band-kl"``, ``"clip-higher"``, ``"dcpo"``,
+        ...), meaning what ``fbands train --loss`` means, with ``loss_mode="fbands"`` (or the
+        band mode of its method).  Fields set beside it win: ``div``, ``delta``,
+        ``dual_clip_c``, ``upper_bound_max`` when not None, the actor's ``clip_ratio*`` when
+        any differs from verl's default 0.2.
     method : str
-        Used by ``loss_mode="fbands"`` only: any entry of :data:`fbands.losses.METHODS`.
-    div : str
-        Divergence of the trust region (``fbands.available()`` lists them).
-    delta : float
-        Radius of the trust region, ``D_f <= delta``.
+        Used by ``loss_mode="fbands"`` only: any entry of :data:`fbands.losses.METHODS` (the
+        method alone, with the actor's clip ratios; a ``preset`` sets it too).
+    div, delta : str or None, float or None
+        Divergence (``fbands.available()``) and radius of the trust region, ``D_f <= delta``;
+        unset: the preset's, else ``"kl"`` and 0.05.
     relax : bool
-        Widen the band to at least the fixed clip ``[1 - clip_ratio_low,
-        1 + clip_ratio_high]``.
+        Widen the band to at least the fixed clip ``[1 - clip_ratio_low, 1 + clip_ratio_high]``.
     upper_bound_max : float or None
         Cap on the upper ratio edge (the published BandPO code uses 10 or 100).
     dual_clip_c : float or None
@@ -133,11 +141,9 @@ class BandPolicyLossConfig(PolicyLossConfig):
         BandPO's alias ``1seg``, ``2seg``, ``hard``: the soft clip of
         :func:`fbands.losses.soft_clip` in its place (clip-form methods: ``band``, and
         ``fbands`` with a clip-form ``method``).
-    soft_k : float or None
-        ``soft="tanh2"`` only: its slope at ``r = 1`` (unset: 1).
-    soft_width : float or None
-        ``soft="smooth3"`` only: the room beyond an edge, as a fraction of the edge's
-        distance from 1 (unset: 0.25).
+    soft_k, soft_width : float or None
+        ``soft="tanh2"`` only: its slope at ``r = 1`` (unset: 1); ``soft="smooth3"`` only: the
+        room beyond an edge, as a fraction of the edge's distance from 1 (unset: 0.25).
     soft_rho, soft_g, soft_alpha, soft_gamma, soft_alpha_in : float or None
         BandPO's forms' parameters, each only with a form that uses it (unset: BandPO's
         defaults 0.1, 1, 0.05, 0.2, 2; :data:`fbands.losses.config.SOFT_PARAMS`).
@@ -148,10 +154,10 @@ class BandPolicyLossConfig(PolicyLossConfig):
     Raises
     ------
     VerlBandError
-        If ``loss_mode`` is not a band loss, ``soft`` is not a known form, or ``soft_k`` /
-        ``soft_width`` is given for a form without it.
+        If ``loss_mode`` is not a band loss, ``preset`` is unknown or disagrees with it,
+        ``soft`` is not a known form, or ``soft_k`` / ``soft_width`` is given without it.
     fbands.ConfigError
-        For a value of the wrong type (``delta=True``, ``relax="maybe"``).
+        For a value of the wrong type (``delta=True``) or beyond float range (``10**400``).
     fbands.DivergenceError, fbands.losses.LossError
         For an unknown divergence or an invalid option (all three are ValueErrors).
 
@@ -164,9 +170,10 @@ class BandPolicyLossConfig(PolicyLossConfig):
     """
 
     loss_mode: str = "band"
+    preset: str | None = None
     method: str = "band_clip"
-    div: str = "kl"
-    delta: float = 0.05
+    div: str | None = None
+    delta: float | None = None
     relax: bool = False
     upper_bound_max: float | None = None
     dual_clip_c: float | None = None
@@ -193,7 +200,8 @@ class BandPolicyLossConfig(PolicyLossConfig):
         # Checking the divergence and building the LossConfig once here reports a bad
         # value when the config is built, not inside the first step of every worker.  The
         # divergence string is parsed by fbands.get (never evaluated as code).
-        fbands.get(as_str("policy_loss.div", self.div))
+        if self.div is not None:
+            fbands.get(as_str("policy_loss.div", self.div))
         loss_config(self)
 
 
@@ -254,6 +262,8 @@ def loss_config(
     mode = loss_mode if loss_mode is not None else _get(policy_loss, "loss_mode", "band")
     if mode not in LOSS_MODES:
         raise VerlBandError(f"loss_mode={mode!r} is not a band loss; known: {sorted(LOSS_MODES)}")
+    named = mode_fields(_get(policy_loss, "preset", None), _get(policy_loss, "method", None),
+                        mode, LOSS_MODES[mode], VerlBandError)
 
     aliased = resolve_aliases(lambda key: _get(policy_loss, key, None),
                               {k: fields[k].default for k in ("relax", "delta", "soft")},
@@ -267,6 +277,8 @@ def loss_config(
 
     actor = {} if actor is None else actor
     clip_ratio = _get(actor, "clip_ratio", 0.2)
+    widths_given = any(_get(actor, k, None) not in (None, _ACTOR[k].default)
+                       for k in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"))
     soft = band("soft")
     if soft is not None and not isinstance(soft, str):
         raise VerlBandError(f"policy_loss.soft={soft!r} must be a string")
@@ -277,15 +289,20 @@ def loss_config(
                                   if k not in ("soft_k", "soft_width")})
     except fl.LossError as err:
         raise VerlBandError(str(err)) from err
+    div = band("div")
+    chosen = merge(
+        named,
+        {"div": None if div is None else as_str("policy_loss.div", div),
+         "delta": number("delta"), "dual_clip_c": number("dual_clip_c"),
+         "upper_bound_max": number("upper_bound_max")},
+        {"eps_low": as_float("actor.clip_ratio_low", _get(actor, "clip_ratio_low", clip_ratio)),
+         "eps_high": as_float("actor.clip_ratio_high",
+                              _get(actor, "clip_ratio_high", clip_ratio))},
+        widths_given,
+    )
     return fl.LossConfig(
-        method=LOSS_MODES[mode] or as_str("policy_loss.method", band("method")),
-        div=as_str("policy_loss.div", band("div")),
-        delta=number("delta"),
-        eps_low=as_float("actor.clip_ratio_low", _get(actor, "clip_ratio_low", clip_ratio)),
-        eps_high=as_float("actor.clip_ratio_high", _get(actor, "clip_ratio_high", clip_ratio)),
-        dual_clip_c=number("dual_clip_c"),
+        **chosen,
         relax=as_bool("policy_loss.relax", band("relax")),
-        upper_bound_max=number("upper_bound_max"),
         truncation=number("truncation"),
         agg="token-sum",
         **soft,
