@@ -378,6 +378,12 @@ class _Printer(PythonCodePrinter):
     def _print_Rational(self, expr):
         return self._number(expr)
 
+    def _print_Integer(self, expr):
+        # Python's ints are unbounded but numba's are int64 (a Rational's numerator and
+        # denominator, e.g. of 0.1234567890123456789, are printed as two Integers): an integer
+        # beyond float64's exact range is written as a number.
+        return self._number(expr) if abs(int(expr)) > 2**53 else super()._print_Integer(expr)
+
     def _print_Float(self, expr):
         return self._number(expr)
 

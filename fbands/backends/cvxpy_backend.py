@@ -12,11 +12,19 @@ new distribution ``pi`` (an n-vector), and the edges are the optimal values of
 
 divided by ``pi_old(a)``.  Interior-point accuracy is about 1e-7 relative, and each band
 costs two conic solves: use it to check, not to train.
+
+Each solution is checked: the constraint must hold at the returned ``pi`` and the edges must
+bracket 1 (``pi = pi_old`` is feasible), to :data:`CONSTRAINT_TOLERANCE` and
+:data:`TOLERANCE` relative; edges within the latter of 1 are set to 1.  A solve that fails
+either check, or that the solver gives up on (tiny ``p`` is beyond its precision), raises
+:class:`~fbands.errors.SolverError` in :func:`reference_band` and gives NaN for that
+element in the backend.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable
 
 import numpy as np
@@ -27,6 +35,11 @@ from fbands._inputs import NumpyInputs
 from fbands._optional import require
 from fbands.divergences import Divergence, get
 from fbands.errors import BandError, DivergenceError, SolverError
+
+#: Relative tolerance of the checks on each solution (see the module docstring).
+TOLERANCE = 1e-6
+#: ... and on the constraint: loose, as terms weigh 1 / pi_old and amplify the residual.
+CONSTRAINT_TOLERANCE = 0.05
 
 
 def _cp():
@@ -136,19 +149,39 @@ def reference_band(
     old = np.asarray(p_old, dtype=np.float64)
     if old.ndim != 1 or old.size < 2 or np.any(~(old > 0)) or abs(old.sum() - 1) > 1e-9:
         raise BandError("p_old must be a vector of n >= 2 positive probabilities summing to 1")
+    try:
+        index = operator.index(index)
+    except TypeError:
+        raise BandError(f"index must be an integer; got {index!r}") from None
     if not 0 <= index < old.size:
         raise BandError(f"index {index} out of range for {old.size} tokens")
     delta = _checks.positive("delta", delta, BandError)
     pi = cp.Variable(old.size, nonneg=True)
-    constraints = [cp.sum(pi) == 1, build(cp, pi, old) <= delta]
-    out = []
-    for sense in (cp.Minimize, cp.Maximize):
-        problem = cp.Problem(sense(pi[index]), constraints)
-        problem.solve(solver=solver)
-        if problem.status not in ("optimal", "optimal_inaccurate"):
-            raise SolverError(f"cvxpy could not solve the band problem: {problem.status}")
-        out.append(max(float(problem.value), 0.0) / float(old[index]))
-    return out[0], out[1]
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        divergence = build(cp, pi, old)
+    constraints = [cp.sum(pi) == 1, divergence <= delta]
+    lo, hi = (_optimum(cp, sense, pi, index, old, constraints, divergence, delta, solver)
+              for sense in (cp.Minimize, cp.Maximize))
+    if lo > 1 + TOLERANCE or hi < 1 - TOLERANCE:
+        raise SolverError(f"cvxpy's band [{lo:.6g}, {hi:.6g}] does not contain 1 (p = "
+                          f"{old[index]:.3g} is beyond the solver's precision)")
+    return min(lo, 1.0), max(hi, 1.0)
+
+
+def _optimum(cp, sense, pi, index, old, constraints, divergence, delta, solver) -> float:
+    # One edge, its solution checked against the constraint (see the module docstring).
+    problem = cp.Problem(sense(pi[index]), constraints)
+    try:
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            problem.solve(solver=solver)
+    except (cp.error.SolverError, ValueError) as exc:
+        raise SolverError(f"cvxpy could not solve the band problem: {exc}") from None
+    if problem.status not in ("optimal", "optimal_inaccurate") or pi.value is None:
+        raise SolverError(f"cvxpy could not solve the band problem: {problem.status}")
+    value = divergence.value
+    if value is None or not value <= delta * (1 + CONSTRAINT_TOLERANCE):
+        raise SolverError(f"cvxpy's solution breaks the constraint: D = {value} > {delta}")
+    return max(float(pi.value[index]), 0.0) / float(old[index])
 
 
 def _solve(div, x: NumpyInputs):
@@ -159,7 +192,10 @@ def _solve(div, x: NumpyInputs):
             continue
         # p = 1 is the limit of a simplex whose other token has vanishing mass.
         p = min(float(x.p[i]), 1.0 - 1e-9)
-        lo[i], hi[i] = reference_band([p, 1.0 - p], 0, float(x.delta[i]), div)
+        try:
+            lo[i], hi[i] = reference_band([p, 1.0 - p], 0, float(x.delta[i]), div)
+        except SolverError:  # beyond the solver (see the module docstring): nan
+            continue
     return lo, hi
 
 

@@ -251,21 +251,72 @@ class ImplicitEdges(torch.autograd.Function):
             fun = BandFunction(div, _namespace(work), inputs, kernels=_kernels(div, work))
             grad_x = torch.zeros_like(x)
             grad_d = torch.zeros_like(d)
-            for grad, s in ((grad_lo, s_lo), (grad_hi, s_hi)):
+            for grad, s, lower in ((grad_lo, s_lo, True), (grad_hi, s_hi, False)):
                 if grad is None:
                     continue
-                ds_dp, ds_dd = _edge_derivatives(fun, inputs, s)
+                ds_dp, ds_dd = _edge_derivatives(fun, inputs, s, lower=lower)
                 g = grad.to(work) * (1.0 if log else torch.exp(s))  # d out / ds
-                grad_x += g * (ds_dp * inputs.p if logp else ds_dp)
-                grad_d += g * ds_dd
+                grad_x += _times(g, ds_dp * inputs.p if logp else ds_dp)
+                grad_d += _times(g, ds_dd)
         grad_p = grad_x.to(p.dtype).sum_to_size(p.shape) if ctx.needs_input_grad[0] else None
         grad_delta = (grad_d.to(delta.dtype).sum_to_size(delta.shape)
                       if ctx.needs_input_grad[1] else None)
         return grad_p, grad_delta, None, None, None
 
 
-def _edge_derivatives(fun: BandFunction, x: Inputs, s):
+def _times(g, ds):
+    # g * ds, with 0 * inf = 0: an unused edge's infinite derivative adds nothing.
+    return torch.where(g == 0, 0.0, g * ds)
+
+
+def _edge_derivatives(fun: BandFunction, x: Inputs, s, *, lower: bool):
     """``(ds/dp, ds/d delta)`` of one log-edge (see :class:`ImplicitEdges`)."""
+    ds_dp, ds_dd = _inner_derivatives(fun, x, s)
+    if not lower:
+        return ds_dp, ds_dd
+    one = x.p == 1.0
+    return torch.where(one, _lower_at_one(fun, x, s), ds_dp), ds_dd
+
+
+def _lower_at_one(fun: BandFunction, x: Inputs, s):
+    r"""``ds/dp`` of the lower edge at ``p = 1``, one-sided (from ``p < 1``).
+
+    There ``q`` is floored, so the general formula is meaningless.  Its limit: with
+    ``A = f'(inf)`` and ``K = lim (f(c) - A (c - 1))`` as ``c -> inf``,
+    ``g_p -> f(r) - K - A r + A = delta - K`` and ``g_s -> r (f'(r) - A)``.  ``K = -inf``
+    (kl, hellinger) or ``A = inf`` (chi2: the edge is 1 and opens like a power of ``q``)
+    give ``+inf``; a lower edge at ``r = 0`` stays there (zero).
+    """
+    A = fun.div.fprime_inf
+    K = math.inf if math.isinf(A) else _offset_at_inf(fun.div)
+    inside = (s > -math.inf) & (s < 0.0)
+    if math.isinf(K):
+        return torch.where(inside | (s == 0.0), math.inf, 0.0) + 0.0 * s
+    s_in = torch.where(inside, s, torch.zeros_like(s) - 0.5)
+    g_s = fun.dF(s_in) - torch.exp(s_in) * A
+    return torch.where(inside, -(x.delta - K) / g_s, 0.0)
+
+
+_OFFSETS: dict[str, float] = {}
+
+
+def _offset_at_inf(div) -> float:
+    """``lim f(c) - f'(inf) (c - 1)`` as ``c -> inf`` (sympy; nan where unknown)."""
+    key = str(div.f)
+    if key not in _OFFSETS:
+        import sympy as sp
+
+        from fbands.symbolic import U
+
+        try:
+            value = float(sp.limit(div.f - sp.nsimplify(div.fprime_inf) * (U - 1), U, sp.oo))
+        except (TypeError, ValueError, NotImplementedError):  # pragma: no cover
+            value = math.nan
+        _OFFSETS[key] = value
+    return _OFFSETS[key]
+
+
+def _inner_derivatives(fun: BandFunction, x: Inputs, s):
     top = s == -x.lp
     zero = s == -math.inf
     inside = ~(top | zero) & torch.isfinite(s)

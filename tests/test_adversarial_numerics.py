@@ -1,0 +1,93 @@
+"""Adversarial probe, issue 27: each test is built from the probe's reproducer; the
+reference values come from mpmath (tests/reference.py), never from fbands."""
+
+from __future__ import annotations
+
+import math
+
+import mpmath as mp
+import numpy as np
+import pytest
+
+import fbands
+from fbands.errors import SolverError
+from tests import reference
+
+DELTA = 0.05
+
+
+def _one_sided_fd(name, h):
+    """``(r_lo(1) - r_lo(1 - h)) / h`` at 60 digits."""
+    with mp.workdps(reference.DPS):
+        at_one = reference.lower_at_one(name, DELTA)
+        below, _ = reference.edges(reference.TABLE[name], 1 - mp.mpf(h), DELTA)
+        return (at_one - below) / mp.mpf(h)
+
+
+@pytest.mark.parametrize("name", ["tv", "alpha(a=-1)"])
+def test_f9_lower_edge_gradient_at_p_one_is_the_one_sided_limit(name):
+    torch = pytest.importorskip("torch")
+    p = torch.tensor([1.0], dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(fbands.bounds(p, DELTA, name)[0].sum(), p)
+    want = float(_one_sided_fd(name, mp.mpf(10) ** -30))
+    assert grad.item() == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.parametrize("name", ["kl", "hellinger"])
+def test_f9_lower_edge_gradient_at_p_one_is_infinite_where_the_limit_is(name):
+    torch = pytest.importorskip("torch")
+    # the one-sided difference quotient grows without bound (like log(1/h) or 1/sqrt(h))
+    assert _one_sided_fd(name, 1e-24) > _one_sided_fd(name, 1e-12) + 5
+    p = torch.tensor([1.0], dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(fbands.bounds(p, DELTA, name)[0].sum(), p)
+    assert grad.item() == math.inf
+    # the upper edge alone: its gradient stays finite (0 * inf adds nothing)
+    p = torch.tensor([1.0], dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(fbands.bounds(p, DELTA, name)[1].sum(), p)
+    assert grad.item() == -1.0
+
+
+def test_f9_log_bounds_gradient_at_logp_zero():
+    torch = pytest.importorskip("torch")
+    lp = torch.tensor([0.0], dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(fbands.log_bounds(lp, DELTA, "tv", logp=True)[0].sum(), lp)
+    with mp.workdps(reference.DPS):
+        want = _one_sided_fd("tv", mp.mpf(10) ** -30) / reference.lower_at_one("tv", DELTA)
+    assert grad.item() == pytest.approx(float(want), rel=1e-9)
+
+
+# -- raw tracebacks -> library errors or right answers -------------------------------------
+
+
+def test_long_literal_generator_compiles_and_is_right():
+    from fbands.divergences import register
+
+    register("adv_long_literal", "0.1234567890123456789*(u-1)**2")
+    lo, hi = fbands.bounds(0.1, DELTA, "adv_long_literal")
+    c = mp.mpf("0.1234567890123456789")
+    want = reference.edges(lambda u: c * (u - 1) ** 2, 0.1, DELTA)
+    assert (lo, hi) == pytest.approx((float(want[0]), float(want[1])), rel=1e-12, abs=1e-300)
+
+
+def test_reference_band_float_index_is_a_band_error():
+    pytest.importorskip("cvxpy")
+    with pytest.raises(fbands.BandError, match="index must be an integer"):
+        fbands.reference_band([0.5, 0.5], 0.5, 0.05)
+
+
+@pytest.mark.parametrize("div", ["chi2", "alpha(a=3)", "kl"])
+@pytest.mark.parametrize("p", [1e-12, 1e-300])
+def test_f10_cvxpy_unresolvable_tiny_p_is_nan_not_a_wrong_band(div, p):
+    pytest.importorskip("cvxpy")
+    lo, hi = fbands.bounds(np.array([p]), DELTA, div, backend="cvxpy")
+    assert np.isnan(lo).all() and np.isnan(hi).all()
+    with pytest.raises(SolverError):
+        fbands.reference_band([p, 1 - p], 0, DELTA, div)
+
+
+def test_f10_cvxpy_edges_bracket_one_near_p_one():
+    pytest.importorskip("cvxpy")
+    lo, hi = fbands.bounds(1 - 1e-12, DELTA, "kl", backend="cvxpy")
+    want = reference.lower_at_one("kl", DELTA)
+    assert lo == pytest.approx(float(want), rel=1e-6)
+    assert hi >= 1.0
