@@ -19,6 +19,13 @@ any text.  A file is used only when
 
 Anything else (no directory, a damaged or foreign file, a node outside the vocabulary)
 falls back to deriving in the process; the cache never changes an answer.
+
+The built-in divergences' derivations also ship inside the package (:data:`SHIPPED`, files
+of the same format written by ``scripts/ship_derivations.py``), read when the user's cache
+misses: the same key, hash and ``f`` checks apply, so a shipped file that the current code
+(or sympy version) would not have written is ignored and the derivation is redone.  A
+derivation done in the process (a user-registered divergence, or a shipped file gone stale)
+announces itself with one notice (:func:`fbands._notice.notice`).
 """
 
 from __future__ import annotations
@@ -31,12 +38,15 @@ from pathlib import Path
 import sympy as sp
 from sympy.codegen import cfunctions
 
-from fbands import _cache, symbolic
+from fbands import _cache, _notice, symbolic
 
 __all__ = ["derive", "encode", "decode"]
 
 #: Format of the files; part of the key.
 FORMAT = 1
+
+#: The derivations shipped in the package (``scripts/ship_derivations.py`` writes them).
+SHIPPED = Path(__file__).resolve().parent / "_shipped" / "derived"
 
 #: Node classes an expression may hold, by name (anything else is not cached).
 _CLASSES = {
@@ -169,26 +179,55 @@ def _same(a: symbolic.Derivation, b: symbolic.Derivation) -> bool:
     return True
 
 
-def derive(f: sp.Expr, *, closed_forms: bool = True) -> symbolic.Derivation:
-    """:func:`fbands.symbolic.derive`, answered from the private cache when it can be."""
+def _load(path: Path, k: str, f: sp.Expr) -> symbolic.Derivation | None:
+    """The derivation stored at ``path`` under key ``k`` when it rebuilds ``f``, else None."""
+    data = _cache.read_json(path, k)
+    if data is None:
+        return None
+    try:
+        found = _from_data(data)
+    except (KeyError, ValueError, TypeError, IndexError, RecursionError):
+        return None
+    return found if found.f == f else None
+
+
+def shipped(f: sp.Expr, closed_forms: bool = True) -> symbolic.Derivation | None:
+    """The derivation of ``f`` shipped in the package, when there is a current one."""
+    k = key(f, closed_forms)
+    return _load(SHIPPED / f"{k}.json", k, f)
+
+
+def storable(d: symbolic.Derivation) -> dict | None:
+    """The data of ``d`` for a file, or None when a file would not rebuild the very same
+    derivation (a node outside the vocabulary, a number that does not round-trip)."""
+    try:
+        data = _to_data(d)
+    except _Unsupported:
+        return None
+    return data if _same(_from_data(json.loads(json.dumps(data))), d) else None
+
+
+def derive(f: sp.Expr, *, closed_forms: bool = True,
+           name: str | None = None) -> symbolic.Derivation:
+    """:func:`fbands.symbolic.derive`, answered from the private cache, or from the files
+    shipped in the package, when it can be (``name``: the divergence's, for the notice)."""
     k = key(f, closed_forms)
     store = _cache.private_dir("derived")
     if store is not None:
-        data = _cache.read_json(store / f"{k}.json", k)
-        if data is not None:
-            try:
-                found = _from_data(data)
-            except (KeyError, ValueError, TypeError, IndexError, RecursionError):
-                found = None
-            if found is not None and found.f == f:
-                return found
+        found = _load(store / f"{k}.json", k, f)
+        if found is not None:
+            return found
+    found = _load(SHIPPED / f"{k}.json", k, f)
+    if found is not None:
+        return found
+    what = f"divergence {name!r}" if name else f"f = {f}"
+    where = ("once per machine (later runs read it from the disk cache)" if store is not None
+             else "in every process (no private cache directory to keep it in)")
+    _notice.notice(f"deriving the band formulas of {what} with sympy, {where}: this may take "
+                   "a few seconds")
     d = symbolic.derive(f, closed_forms=closed_forms)
     if store is not None:
-        try:
-            data = _to_data(d)
-        except _Unsupported:
-            return d
-        # Store only what rebuilds to the very same derivation (same trees, same numbers).
-        if _same(_from_data(json.loads(json.dumps(data))), d):
+        data = storable(d)
+        if data is not None:  # only what rebuilds to the very same derivation
             _cache.write_json(store / f"{k}.json", k, data)
     return d

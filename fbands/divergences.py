@@ -80,7 +80,7 @@ class Divergence:
     def derivation(self) -> symbolic.Derivation:
         """The sympy-derived ingredients (see :mod:`fbands.symbolic`)."""
         with self._lock:
-            return _derived.derive(self.f)  # from the private cache when warm
+            return _derived.derive(self.f, name=self.name)  # from disk when it can
 
     @property
     def f0(self) -> float:
@@ -432,6 +432,11 @@ def _unknown(name: str) -> DivergenceError:
     return DivergenceError(f"{message}; available: {', '.join(names)}")
 
 
+#: The built-in divergences (families apart): their derivations ship in the package
+#: (fbands/_derived.py, scripts/ship_derivations.py).
+BUILTINS: list[str] = []
+
+
 def _builtins() -> None:
     u = symbolic.U
     a = sp.Symbol("a", real=True)
@@ -451,6 +456,7 @@ def _builtins() -> None:
     ]
     for name, f, description in table:
         _REGISTRY[name] = Divergence(name, f, description)
+    BUILTINS[:] = [name for name, _, _ in table]
     _FAMILIES["alpha"] = (
         (u**a - 1 - a * (u - 1)) / (a * (a - 1)),
         ("a",),

@@ -15,7 +15,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from fbands import _solver
+from fbands import _notice, _solver
 from fbands._jit import loader
 from fbands.tables import layout, store
 from fbands.tables.build import LAYOUTS, Table, TableSet, exact_log_edges
@@ -26,8 +26,6 @@ __all__ = ["MAX_TABLES", "TABLES", "TableCache"]
 #: A complete float64 pair takes about 9 MB and a float32 pair about 2.5 MB; one built for a
 #: batch's data holds only the cells the batch reached.
 MAX_TABLES = 16
-
-
 
 
 class TableCache:
@@ -87,6 +85,9 @@ class TableCache:
                       f"{layout_name} {sorted(LAYOUTS[layout_name].items())}")
         found = store.load(k, kbits, layout.cell_count(kbits), layout.ROW, Table)
         if found is None:
+            _notice.notice(f"building the complete band tables of divergence {div.name!r} at "
+                           f"delta={float(delta):g} ({layout_name}), once per machine (later "
+                           "runs load them from the disk cache): this may take seconds")
             store.store(k, ts.complete())
             return ts
         with self._lock:
