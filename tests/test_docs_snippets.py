@@ -137,3 +137,22 @@ def test_verl_guide_alpha_override_composes_through_hydra():
     cfg = fv.loss_config(actor.policy_loss, actor)
     assert (cfg.method, cfg.delta, fbands.get(cfg.div).name) == ("band_clip", 0.05,
                                                                   "alpha(a=1/2)")
+
+
+def test_the_readme_shows_the_demo_table_of_a_committed_run():
+    """issue 26, item 6: the README's demo table is the command's own output, verbatim, from
+    the run kept in benchmarks/results/demo.txt, with the columns the demo prints."""
+    from fbands.rl.compare import format_table
+
+    kept = (ROOT / "benchmarks" / "results" / "demo.txt").read_text().rstrip("\n")
+    assert kept in (ROOT / "README.md").read_text()
+    header = format_table(["clip"], [{k: 0.0 for k in _summary_keys()}]).splitlines()[0]
+    assert kept.splitlines()[0] == header
+
+
+def _summary_keys():
+    from fbands.rl.compare import summarize
+
+    row = {"step": 1, "reward": 0.5, "accuracy": 0.5, "p_correct": 0.5, "entropy": 0.5,
+           "loss/tail_clipfrac_upper": 0.1, "tokens_per_s": 100.0}
+    return list(summarize([row]))
