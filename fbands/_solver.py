@@ -383,20 +383,21 @@ def _edge(fun: BandFunction, name: str, lo, hi, fixed_iter, tiny: bool, no_close
     if name not in fun.closed or tiny:
         newton, iters = newton_edge(fun, name, small_band, lo, hi, fixed_iter=fixed_iter)
     if name not in fun.closed:
-        return (xp.where(exact_band, small_band, newton) if smooth else newton,
-                zero + NEWTON, iters)
-    s, close = _closed_edge(fun, name)
-    if smooth and not unsquared(fun.closed, name):
-        # A squared form's root next to r = 1 keeps few digits (two roots of its polynomial
-        # in r nearly meet); the small-radius band is the better start for the polish.
-        s = xp.where(near_one < SQUARED_NEAR_ONE, polish(fun, small_band, lo, hi), s)
-    s = xp.where(close, polish(fun, s, lo, hi), s)
-    how = xp.where(close, float(POLISHED), float(CLOSED)) + zero
-    if newton is not None:
-        s, how, iters = (xp.where(no_closed, newton, s), xp.where(no_closed, float(NEWTON), how),
-                         xp.where(no_closed, iters, 0.0))
+        s, how = newton, zero + NEWTON
     else:
-        iters = zero
+        s, close = _closed_edge(fun, name)
+        if smooth and not unsquared(fun.closed, name):
+            # A squared form's root next to r = 1 keeps few digits (two roots of its
+            # polynomial in r nearly meet); the small-radius band is the better start.
+            s = xp.where(near_one < SQUARED_NEAR_ONE, polish(fun, small_band, lo, hi), s)
+        s = xp.where(close, polish(fun, s, lo, hi), s)
+        how = xp.where(close, float(POLISHED), float(CLOSED)) + zero
+        if newton is None:
+            iters = zero
+        else:
+            s, how, iters = (xp.where(no_closed, newton, s),
+                             xp.where(no_closed, float(NEWTON), how),
+                             xp.where(no_closed, iters, 0.0))
     return (xp.where(exact_band, small_band, s) if smooth else s), how, iters
 
 
