@@ -58,27 +58,24 @@ from fbands._band_function import (  # noqa: F401  (LN2, LP_TINY ...: the method
 if TYPE_CHECKING:
     from fbands.divergences import Divergence
 
-#: Where the small-radius band ``1 -+ sqrt(2 delta q / (f''(1) p))`` is an edge to float64:
-#: its relative error is of the order of ``|r - 1|`` and ``|c - 1| = (p / q) |r - 1|``, the
-#: distances from 1 of both masses' ratios, and below this there Newton is not needed
-#: (and would meet ``g`` in subnormal numbers, delta below 1e-290).
+#: Where the small-radius band ``1 -+ sqrt(2 delta q / (f''(1) p))`` is an edge to float64: its
+#: relative error is of the order of ``|r - 1|`` and ``|c - 1| = (p / q) |r - 1|``; below this,
+#: Newton is not needed (and would meet ``g`` in subnormal numbers, delta below 1e-290).
 SMALL_BAND_EXACT = 1e-17
-#: Below this distance (as for :data:`SMALL_BAND_EXACT`) a root of a squared closed form is
-#: replaced by the small-radius band, polished twice (each polish squares a relative error
-#: of at most 1e-4 away).
+#: Below this distance a root of a squared closed form is replaced by the small-radius band,
+#: polished twice (each polish squares a relative error of at most 1e-4 away).
 SQUARED_NEAR_ONE = 1e-4
 #: The float next to 0 below it: the last point of the tiny upper edge's bracket.
 W_ULP = 5e-324
-#: Smallest q used in the equations: p = 1 is solved as p = 1 - 1e-300, which gives the
-#: p -> 1 limit [r*, 1] exactly in float64.
+#: Smallest q used in the equations: p = 1 as p = 1 - 1e-300 gives the limit [r*, 1] exactly.
 Q_FLOOR = 1e-300
 
 # -- constants of the method (shared by both forms) ---------------------------------------
 
-#: Newton has converged once its step is below this share of ``|s|``: the error left is of
-#: the order of the step squared, far below float64's 1e-16.
+#: Newton has converged once its step is below this share of ``|s|`` (the error left is of
+#: the order of the step squared) ...
 STEP_TOL = 1e-12
-#: ... or once the bracket holds about two floats (relative width, two ulp) ...
+#: ... or once the bracket holds about two floats (relative width) ...
 BRACKET_TOL = 4e-16
 #: ... relative to ``max(|hi|, WIDTH_FLOOR)``: a root at ``s = 0`` exactly has a bracket too.
 WIDTH_FLOOR = 1e-300
@@ -87,21 +84,22 @@ WIDTH_FLOOR = 1e-300
 MAX_ITER = 200
 #: Above ``FAR_ABOVE * delta`` a Newton step is taken on ``log g`` instead of ``g``.
 FAR_ABOVE = 2.0
-#: A positive float times this is the float just below it (or one further): the upper
-#: edge's last step next to its bracket's end (see newton_edge).
+#: A positive float times this is the float just below it (or one further; see newton_edge).
 JUST_BELOW = 1.0 - 2.0**-52
 #: A bracket whose ends (floored at 1 in magnitude) differ by more than this factor is
 #: bisected geometrically: its arithmetic midpoint would gain one bit per step.
 GEOMETRIC_SPLIT = 4.0
-#: The lower edge's first guess switches from the small-delta form ``log(1 - w)`` to the
-#: tail of f at 0 once ``w`` (the chi-square half-width) reaches this: log(1 - w) is then
-#: far from the edge, and undefined for w >= 1.
+#: The lower edge's first guess switches from ``log(1 - w)`` (small delta) to the tail of f at
+#: 0 once the chi-square half-width ``w`` reaches this (log(1 - w) is far off, or undefined).
 TAIL_SWITCH = 0.5
 #: A discriminant above ``-NEGATIVE_DISC a1^2`` is a double root rounded below zero.
 NEGATIVE_DISC = 1e-12
 #: Roots are ill-conditioned (polished by a Newton step on g) when the discriminant is below
-#: ``NEAR_DOUBLE a1^2``: they then agree to about a decimal digit.
+#: ``NEAR_DOUBLE a1^2`` (they agree to about a decimal digit).
 NEAR_DOUBLE = 1e-2
+#: A lower edge ``r = 1 - y`` this close to 0 is below the resolution of ``y``: Newton on the
+#: form in ``r`` starts from 0 (one step is exact to ``O(r)``; neyman_chi2 at ``p = 1e-17``).
+Y_RESOLUTION = 4 * 2.0**-52
 #: An upper closed-form root up to this factor past ``r = 1/p`` is kept (and clamped): the
 #: rounding of the polynomial's coefficients can push an edge at saturation slightly past.
 TOP_SLACK = 1.01
@@ -215,10 +213,10 @@ def lower_root(xp, form_y, form_r, p, q, delta, polish: bool = True):
     ``y >= 1``: saturated, ``r <= 0``) gives ``r`` without cancellation near 1, and
     ``log1p(-y)`` its log-edge with every digit of a small ``y``.  Below ``r = 1/2`` its
     absolute error of an ulp of 1 is too much for a small edge, and one Newton step on the
-    form in ``r`` (``polish``) brings it to that form's own accuracy.  ``ill``: either form
-    is ill-conditioned where it is used.  The closed-form pass takes its lower edges from the
-    scalar form of this routine (:func:`fbands._jit.scalar.lower_root_one`), with ``polish``
-    for float64 output only.
+    form in ``r`` (``polish``) brings it to that form's own accuracy; from ``r = 0`` where
+    ``y`` cannot tell the edge from 0 (:data:`Y_RESOLUTION`).  ``ill``: either form is
+    ill-conditioned where it is used.  The closed-form pass uses the scalar form of this
+    routine (:func:`fbands._jit.scalar.lower_root_one`), ``polish`` for float64 output only.
     """
     (b2, b1, b0), _, zero_y = form_y
     y1, y2, ill = real_roots(xp, b2(p, q, delta), b1(p, q, delta), b0(p, q, delta), zero_y)
@@ -228,10 +226,11 @@ def lower_root(xp, form_y, form_r, p, q, delta, polish: bool = True):
         return r, y, ill
     (c2, c1, c0), _, zero = form_r
     a2, a1, a0 = (c(p, q, delta) + 0.0 * p for c in (c2, c1, c0))
-    below_half = r < 0.5
-    step = newton_step(a2, a1, a0, xp.where(below_half & (r > 0), r, 0.25), zero)
+    below_half, unresolved = r < 0.5, xp.abs(r) <= Y_RESOLUTION
+    start = xp.where(unresolved, 0.0 * r, xp.where(r > 0, r, 0.25))
+    step = below_half & ((r > 0) | unresolved)
     ill = ill | (below_half & real_roots(xp, a2, a1, a0, zero)[2])
-    return xp.where(below_half & (r > 0), r - step, r), y, ill
+    return xp.where(step, start - newton_step(a2, a1, a0, start, zero), r), y, ill
 
 
 def _squared_edge(fun: BandFunction, edge: str):
@@ -349,7 +348,8 @@ def newton_edge(fun: BandFunction, edge: str, s0, lo, hi, *, max_iter: int = MAX
                        | (xp.abs(cand_c - s) <= STEP_TOL * xp.abs(s)))
             cand = xp.where(near_top, cand_c, cand)
             small = xp.where(near_top, small_c, small)
-        inside = (cand > lo) & (cand < hi)  # False for nan
+        # (a slope that overflowed or vanished gives no step: bisect, not crawl by ulps)
+        inside = xp.isfinite(slope) & (slope != 0) & (cand > lo) & (cand < hi)
         # Bisection: arithmetic, geometric across orders of magnitude, doubling while the
         # bracket is open to the left.
         alo, ahi = xp.maximum(xp.abs(lo), 1.0), xp.maximum(xp.abs(hi), 1.0)

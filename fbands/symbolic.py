@@ -192,18 +192,28 @@ def _in_p_and_q(c: sp.Expr) -> sp.Expr:
     ).replace(lambda e: e.is_Add and sp.expand(e - (P - 1)) == 0, lambda e: -Q)
 
 
-#: Largest power of ``u`` (after clearing square roots) that can still give a band equation
-#: of degree <= 2; a higher one is not tried, which keeps sympy's work small.
+#: Largest integer power of ``u`` that can still give a band equation of degree <= 2; a
+#: higher one is not tried, which keeps sympy's work small.
 _CLOSED_MAX_POWER = 4
 
 
 def _may_have_closed_form(f: sp.Expr) -> bool:
-    """Whether every power of ``u`` in ``f`` is an integer or half-integer of small size: a
-    quadratic band equation needs that, and other radicals make sympy's ``unrad`` slow."""
-    for node in f.atoms(sp.Pow):
+    """Whether the powers of ``u`` in ``f`` (expanded) leave a quadratic band equation
+    possible: integers of small size, and ``sqrt(u)`` as the only radical.
+
+    Linear terms of ``f`` add up to a constant in ``p f(r) + q f(c)``, so a radical whose
+    coefficient is constant, ``sqrt(u)``, squares (twice, for ``r`` and ``c``) into degree 2.
+    Any other radical, ``u**(3/2) = u sqrt(u)`` or ``u**(-1/2)``, has a coefficient of degree
+    1 or more after clearing denominators, and squaring it gives degree 3 or more: sympy's
+    ``unrad`` would spend seconds to minutes (``alpha(a=-7/2)``: about a minute) only to find
+    that.
+    """
+    for node in sp.expand(f).atoms(sp.Pow):
         if node.base.has(U):
             e = node.exp
-            if not (e.is_Rational and e.q <= 2 and abs(e) <= _CLOSED_MAX_POWER):
+            if not e.is_Rational or e.q > 2 or abs(e) > _CLOSED_MAX_POWER:
+                return False
+            if e.q == 2 and e != sp.Rational(1, 2):
                 return False
     return True
 

@@ -52,13 +52,14 @@ def edges(f, p, delta, iterations=400):
         if g(f, p, top) <= delta:
             upper = top
         else:
-            lo, hi = mp.mpf(1), top
+            # Bisect in log r as well: r up to 1/p = 1e300 would need more halvings in r.
+            lo, hi = mp.mpf(0), -mp.log(p)
             for _ in range(iterations):
                 mid = (lo + hi) / 2
-                lo, hi = (mid, hi) if g(f, p, mid) <= delta else (lo, mid)
-                if hi - lo <= hi * mp.mpf(10) ** (-DPS + 5):
+                lo, hi = (mid, hi) if g(f, p, mp.exp(mid)) <= delta else (lo, mid)
+                if hi - lo <= mp.mpf(10) ** (-DPS + 5) * max(1, abs(hi)):
                     break
-            upper = (lo + hi) / 2
+            upper = mp.exp((lo + hi) / 2)
         if g(f, p, mp.mpf(0)) <= delta:
             lower = mp.mpf(0)
         else:

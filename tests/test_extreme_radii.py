@@ -18,6 +18,8 @@ import math
 import mpmath as mp
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import fbands
 
@@ -102,3 +104,31 @@ def test_the_smallest_radii_give_log_edges_right_relatively(backend):
                 w_lo, w_hi = _log_edges_near_one(ref.TABLE[div], p, delta)
                 assert lo[i] == pytest.approx(float(w_lo), rel=1e-12), (div, p, delta)
                 assert hi[i] == pytest.approx(float(w_hi), rel=1e-12), (div, p, delta)
+
+
+def _log_reference(f, logp: float, delta: float):
+    """``(log lower, log upper)`` at 60 digits for ``p = exp(logp)`` (tests/reference.py)."""
+    with mp.workdps(ref.DPS):
+        lower, upper = ref.edges(f, mp.exp(mp.mpf(logp)), delta)
+        return (-mp.inf if lower == 0 else mp.log(lower)), mp.log(upper)
+
+
+def _close_log(got: float, want) -> bool:
+    if want == -mp.inf:
+        return got == -math.inf
+    return abs(got - float(want)) <= 1e-12 * abs(float(want)) + 4 * 2.0**-53
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("user_divergence")
+@pytest.mark.parametrize("div", DIVS)
+@given(logp=st.floats(-690.0, math.log1p(-1e-15)), log10_delta=st.floats(-30.0, 3.0))
+def test_extreme_inputs_in_log_space_against_the_reference(div, logp, log10_delta):
+    """Hypothesis over p from 1e-300 to 1 - 1e-15 (as log p) and delta from 1e-30 to 1000,
+    every divergence of tests/reference.py, both CPU backends, logp input and log output."""
+    delta = 10.0**log10_delta
+    want = _log_reference(ref.TABLE[div], logp, delta)
+    for backend in ("numpy", "numba"):
+        lo, hi = fbands.log_bounds(np.array([logp]), delta, div, backend=backend, logp=True)
+        assert _close_log(lo[0], want[0]), (backend, lo[0], float(want[0]))
+        assert _close_log(hi[0], want[1]), (backend, hi[0], float(want[1]))

@@ -44,6 +44,7 @@ from fbands._solver import (
     TOP_SLACK,
     W_ULP,
     WIDTH_FLOOR,
+    Y_RESOLUTION,
 )
 
 from .leaves import (
@@ -187,7 +188,7 @@ def newton_one(kind, upper, s, lo, hi, lp, lq, p, q, poq, delta):
                 cand = fmin(from_complement_one(kind, sc - step_c, lp, lq), hi * JUST_BELOW)
                 small = (abs(step_c) <= STEP_TOL * abs(sc)
                          or abs(cand - s) <= STEP_TOL * abs(s))
-        inside = cand > lo and cand < hi
+        inside = math.isfinite(slope) and slope != 0 and cand > lo and cand < hi
         alo, ahi = fmax(abs(lo), 1.0), fmax(abs(hi), 1.0)
         far = lo * hi >= 0 and (alo > GEOMETRIC_SPLIT * ahi or ahi > GEOMETRIC_SPLIT * alo)
         if not math.isfinite(lo):
@@ -280,9 +281,11 @@ def lower_root_one(p, q, delta, polish):
         a1 = np.float64(lower_a1(p, q, delta))
         a0 = np.float64(lower_a0(p, q, delta))
         below_half = r < 0.5
-        step = below_half & (r > 0.0)
+        unresolved = abs(r) <= Y_RESOLUTION
+        start = 0.0 if unresolved else r
+        step = below_half & ((r > 0.0) | unresolved)
         ill = ill | (below_half & real_roots_one(a2, a1, a0, LOWER_ZERO)[2])
-        r = r - newton_step_one(a2, a1, a0, r, LOWER_ZERO) if step else r
+        r = start - newton_step_one(a2, a1, a0, start, LOWER_ZERO) if step else r
     return r, y, ill
 
 
