@@ -91,3 +91,82 @@ def test_f10_cvxpy_edges_bracket_one_near_p_one():
     want = reference.lower_at_one("kl", DELTA)
     assert lo == pytest.approx(float(want), rel=1e-6)
     assert hi >= 1.0
+
+
+@pytest.mark.parametrize("div", ["chi2", "hellinger"])
+@pytest.mark.parametrize("p", [1.0, 1 - 1e-12])
+def test_f10_cvxpy_near_p_one_is_nan_where_the_band_has_no_resolved_limit(div, p):
+    # The lower edge opens like sqrt(1 - p): the band at the solver's smallest mass of the
+    # second token is not the band at p (it used to be returned, 7e-6 off for chi2).
+    pytest.importorskip("cvxpy")
+    lo, hi = fbands.bounds(np.array([p]), DELTA, div, backend="cvxpy")
+    assert np.isnan(lo).all() and np.isnan(hi).all()
+
+
+@pytest.mark.parametrize("div", ["kl", "tv"])
+def test_f10_cvxpy_near_p_one_is_the_limit_where_it_converges(div):
+    pytest.importorskip("cvxpy")
+    p = 1 - 1e-12
+    lo, hi = fbands.bounds(np.array([p]), DELTA, div, backend="cvxpy")
+    want = reference.edges(reference.TABLE[div], p, DELTA)
+    assert lo[0] == pytest.approx(float(want[0]), rel=1e-6)
+    assert 1.0 <= hi[0] <= 1.0 / p
+
+
+@pytest.mark.parametrize("div", ["chi2", "kl", "alpha(a=2)"])
+@pytest.mark.parametrize("p", [0.3, 1 - 1e-6, 1 - 1e-8])
+def test_f10_cvxpy_upper_edge_never_gives_more_than_all_the_mass(div, p):
+    pytest.importorskip("cvxpy")
+    _, hi = fbands.bounds(np.array([p]), DELTA, div, backend="cvxpy")
+    assert np.isnan(hi[0]) or hi[0] * p <= 1.0
+
+
+@pytest.mark.parametrize("scale", ["1e16", "1e300"])
+def test_f8_huge_coefficient_is_resolved_on_numpy_and_numba(scale):
+    # c (u - 1)**2 is chi2 scaled by c: log r = log1p(+-sqrt(delta q / (p c))) exactly.
+    fbands.register(f"adv_scaled_{scale}", f"{scale}*(u-1)**2", overwrite=True)
+    p = 0.1
+    with mp.workdps(reference.DPS):
+        w = mp.sqrt(mp.mpf(DELTA) * (1 - mp.mpf(p)) / (mp.mpf(p) * mp.mpf(scale)))
+        want = (float(mp.log(1 - w)), float(mp.log(1 + w)))
+    for backend in ("numpy", "numba"):
+        got = fbands.log_bounds(np.log(np.array([p])), DELTA, f"adv_scaled_{scale}",
+                                backend=backend, logp=True)
+        assert (got[0][0], got[1][0]) == pytest.approx(want, rel=1e-12), backend
+        lo, hi = fbands.bounds(np.array([p]), DELTA, f"adv_scaled_{scale}", backend=backend)
+        assert (lo[0], hi[0]) == pytest.approx((1 - float(w), 1 + float(w)), rel=1e-15)
+
+
+@pytest.mark.parametrize("a", ["-1/2", "3/2", "-3/2", "5/2", "-7/2"])
+def test_f14_radicals_that_cannot_square_into_a_quadratic_skip_unrad(a):
+    # The filter that spares sympy's unrad (a minute for alpha(a=-7/2)) ...
+    import sympy as sp
+
+    from fbands import symbolic
+
+    A = sp.Rational(a)
+    f = (symbolic.U**A - 1 - A * (symbolic.U - 1)) / (A * (A - 1))
+    assert not symbolic._may_have_closed_form(f)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("a", ["-1/2", "3/2", "5/2"])
+def test_f14_the_radical_filter_loses_no_closed_form(a, monkeypatch):
+    # ... rejects only what unrad itself finds to have no quadratic form.
+    import sympy as sp
+
+    from fbands import symbolic
+
+    A = sp.Rational(a)
+    f = (symbolic.U**A - 1 - A * (symbolic.U - 1)) / (A * (A - 1))
+    monkeypatch.setattr(symbolic, "_may_have_closed_form", lambda f: True)
+    assert symbolic._closed_form(f, "upper") is None
+    assert symbolic._closed_form(f, "lower") is None
+
+
+def test_f14_hellinger_keeps_its_closed_form():
+    from fbands import symbolic
+
+    f = (symbolic.sp.sqrt(symbolic.U) - 1) ** 2
+    assert symbolic._may_have_closed_form(f)
+    assert symbolic._closed_form(f, "upper") is not None

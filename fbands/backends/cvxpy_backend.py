@@ -13,12 +13,18 @@ new distribution ``pi`` (an n-vector), and the edges are the optimal values of
 divided by ``pi_old(a)``.  Interior-point accuracy is about 1e-7 relative, and each band
 costs two conic solves: use it to check, not to train.
 
-Each solution is checked: the constraint must hold at the returned ``pi`` and the edges must
-bracket 1 (``pi = pi_old`` is feasible), to :data:`CONSTRAINT_TOLERANCE` and
-:data:`TOLERANCE` relative; edges within the latter of 1 are set to 1.  A solve that fails
-either check, or that the solver gives up on (tiny ``p`` is beyond its precision), raises
-:class:`~fbands.errors.SolverError` in :func:`reference_band` and gives NaN for that
-element in the backend.
+Each solution is checked: the constraint must hold at the returned ``pi``, the edges must
+bracket 1 (``pi = pi_old`` is feasible) and the upper one may not give ``pi(a)`` more than
+1, to :data:`CONSTRAINT_TOLERANCE` and :data:`TOLERANCE` relative; edges within the latter
+of 1 (or of ``1 / p``) are set to it.  A solve that fails a check, or that the solver gives up
+on (tiny ``p`` is beyond its precision), raises :class:`~fbands.errors.SolverError` in
+:func:`reference_band` and gives NaN for that element in the backend.
+
+Near ``p = 1`` the other token's mass ``1 - p`` falls below what the solver resolves
+(:data:`SMALLEST_MASS`).  There the backend returns the band at that mass when the band
+has visibly converged, i.e. agrees to :data:`TOLERANCE` with the band at ten times that
+mass (kl, tv: the edges move by ``O(1 - p)``), and NaN when it has not (chi2's lower edge
+opens like ``sqrt(1 - p)``): a limit is taken only where the solver shows one.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ from fbands.errors import BandError, DivergenceError, SolverError
 TOLERANCE = 1e-6
 #: ... and on the constraint: loose, as terms weigh 1 / pi_old and amplify the residual.
 CONSTRAINT_TOLERANCE = 0.05
+#: The smallest mass of the second token that the backend hands to the solver.
+SMALLEST_MASS = 1e-9
 
 
 def _cp():
@@ -162,10 +170,11 @@ def reference_band(
     constraints = [cp.sum(pi) == 1, divergence <= delta]
     lo, hi = (_optimum(cp, sense, pi, index, old, constraints, divergence, delta, solver)
               for sense in (cp.Minimize, cp.Maximize))
-    if lo > 1 + TOLERANCE or hi < 1 - TOLERANCE:
-        raise SolverError(f"cvxpy's band [{lo:.6g}, {hi:.6g}] does not contain 1 (p = "
-                          f"{old[index]:.3g} is beyond the solver's precision)")
-    return min(lo, 1.0), max(hi, 1.0)
+    top = 1.0 / old[index]
+    if lo > 1 + TOLERANCE or hi < 1 - TOLERANCE or hi > top * (1 + TOLERANCE):
+        raise SolverError(f"cvxpy's band [{lo:.6g}, {hi:.6g}] does not contain 1 or leaves "
+                          f"[0, 1 / p] (p = {old[index]:.3g} is beyond the solver's precision)")
+    return min(lo, 1.0), min(max(hi, 1.0), top)
 
 
 def _optimum(cp, sense, pi, index, old, constraints, divergence, delta, solver) -> float:
@@ -190,13 +199,27 @@ def _solve(div, x: NumpyInputs):
     for i in np.ndindex(x.p.shape):
         if x.bad[i]:
             continue
-        # p = 1 is the limit of a simplex whose other token has vanishing mass.
-        p = min(float(x.p[i]), 1.0 - 1e-9)
+        p, delta = float(x.p[i]), float(x.delta[i])
         try:
-            lo[i], hi[i] = reference_band([p, 1.0 - p], 0, float(x.delta[i]), div)
+            if 1.0 - p >= SMALLEST_MASS:
+                lo[i], hi[i] = reference_band([p, 1.0 - p], 0, delta, div)
+            else:
+                lo[i], hi[i] = _near_one(p, delta, div)
         except SolverError:  # beyond the solver (see the module docstring): nan
             continue
     return lo, hi
+
+
+def _near_one(p: float, delta: float, div) -> tuple[float, float]:
+    """The band at ``1 - p < SMALLEST_MASS``: the one at that mass where it has converged
+    (see the module docstring), else a :class:`SolverError`."""
+    bands = [reference_band([1.0 - q, q], 0, delta, div) for q in (SMALLEST_MASS,
+                                                                  10 * SMALLEST_MASS)]
+    (lo, hi), (lo10, hi10) = bands
+    if abs(lo - lo10) > TOLERANCE * lo10 or abs(hi - hi10) > TOLERANCE * hi10:
+        raise SolverError(f"the band does not converge as p -> 1 within the solver's reach "
+                          f"(lower {lo10:.9g} -> {lo:.9g})")
+    return lo, min(hi, 1.0 / p)
 
 
 def exact(div, p, delta, *, logp, invalid, check, log):
