@@ -27,7 +27,8 @@ def register(sub) -> None:
     p.add_argument("--delta", type=float, default=0.05, help="radius (default: 0.05)")
     p.add_argument("--logp", action="store_true", help="the values are log-probabilities")
     p.add_argument("--backend", default="numpy",
-                   help="numpy, numba, torch or cvxpy (default: numpy)")
+                   help="auto, numpy, numba, torch or cvxpy, for both the edges and their logs "
+                        "(default: numpy, which needs no compilation for a few values)")
     p.add_argument("--format", choices=FORMATS, default="table",
                    help=f"table (default): aligned columns, numbers to {TABLE_DIGITS} "
                         "significant digits; csv, json: one record per value of p, each "
@@ -89,7 +90,7 @@ def _bounds(args: argparse.Namespace) -> int:
 
     p = np.asarray(args.p, dtype=np.float64)
     lo, hi = fbands.bounds(p, args.delta, args.div, args.backend, logp=args.logp)
-    llo, lhi = fbands.log_bounds(p, args.delta, args.div, "numpy", logp=args.logp)
+    llo, lhi = fbands.log_bounds(p, args.delta, args.div, args.backend, logp=args.logp)
     name = fbands.get(args.div).name
     keys = ("logp" if args.logp else "p", "lower", "upper", "log_lower", "log_upper")
     rows = [[float(v) for v in row] for row in zip(p, lo, hi, llo, lhi, strict=True)]

@@ -5,6 +5,8 @@ rule."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import shutil
@@ -12,6 +14,8 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import fbands
 from fbands.cli import main as fbands_main
@@ -125,8 +129,9 @@ def test_demo_force_is_documented(capsys):
     lambda s: s["rng"]["numpy"].update(key="abc"),
     lambda s: s["rng"].update(python=(3, (1, 2), None)),
     lambda s: s["rng"].update(torch=torch.zeros(3)),
+    lambda s: s["config"].update(lr=torch.zeros(2)),
 ], ids=["negative-step", "huge-step", "nan-kl", "str-position", "short-key", "str-key",
-        "python-state", "torch-state"])
+        "python-state", "torch-state", "tensor-in-config"])
 def test_damaged_checkpoint_leaves_the_run_as_it_was(finished_run, tmp_path, capsys, change):
     run = damaged(finished_run, tmp_path, change)
     before = {p.name: p.read_bytes() for p in run.iterdir()}
@@ -254,3 +259,69 @@ def test_tilde_in_a_config_file_is_the_home_folder(tmp_path, monkeypatch):
     cfg = TrainConfig.from_file(path)
     assert cfg.run_dir == str(tmp_path / "home" / "x")
     assert cfg.cache_dir == str(tmp_path / "home" / "cache")
+
+
+# --- hypothesis: any damage to a checkpoint, through `fbands train --resume` ---------------
+def _junk():
+    scalars = (st.none() | st.booleans() | st.integers() | st.integers(-(10**40), 10**40)
+               | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=8))
+    tensors = st.builds(lambda n, kind: torch.zeros(n, dtype=kind), st.integers(0, 5),
+                        st.sampled_from([torch.int64, torch.float32, torch.uint8, torch.bool]))
+    return st.recursive(scalars | tensors,
+                        lambda inner: st.lists(inner, max_size=3)
+                        | st.tuples(inner, inner)
+                        | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+                        max_leaves=6)
+
+
+def _entries(saved, prefix=()):
+    """Every path into the checkpoint's nested dicts (the model's tensors left out)."""
+    for key, value in saved.items():
+        if prefix[:1] in (("model",), ("optimizer",)) and len(prefix) >= 1:
+            continue
+        yield (*prefix, key)
+        if isinstance(value, dict):
+            yield from _entries(value, (*prefix, key))
+
+
+@pytest.mark.slow
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_any_damage_to_a_checkpoint_is_one_line_or_a_resume(finished_run, tmp_path_factory,
+                                                            data):
+    tmp = tmp_path_factory.mktemp("damage")
+    run = tmp / "run"
+    shutil.copytree(finished_run, run)
+    ckpt = run / "checkpoint.pt"
+    if data.draw(st.booleans(), label="bytes"):  # the file: cut or overwritten somewhere
+        raw = bytearray(ckpt.read_bytes())
+        at = data.draw(st.integers(0, len(raw) - 1), label="offset")
+        patch = data.draw(st.binary(min_size=0, max_size=16), label="patch")
+        raw = raw[:at] + patch if data.draw(st.booleans(), label="cut") else (
+            raw[:at] + patch + raw[at + len(patch):])
+        ckpt.write_bytes(bytes(raw))
+    else:  # one entry replaced by any plain data or tensor
+        saved = torch.load(ckpt, weights_only=True)
+        paths = sorted(_entries(saved))
+        config = [p for p in paths if p[0] == "config"]  # the largest surface: weigh it up
+        path = data.draw(st.sampled_from(config) | st.sampled_from(paths), label="entry")
+        holder = saved
+        for key in path[:-1]:
+            holder = holder[key]
+        holder[path[-1]] = data.draw(_junk(), label="value")
+        torch.save(saved, ckpt)
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    buffer = io.StringIO()
+    with contextlib.redirect_stderr(buffer), contextlib.redirect_stdout(io.StringIO()):
+        code = fbands_main(["train", "--resume", "--run-dir", str(run), "--steps", "2",
+                            "--no-progress"])
+    text = buffer.getvalue()
+    assert code in (0, 2), text
+    assert "Traceback" not in text
+    if code == 2:
+        # (progress lines may come first: the error is the last line, and a single one)
+        lines = text.splitlines()
+        assert lines[-1].startswith("fbands: error: "), text
+        assert sum("error" in line for line in lines) == 1, text
+        assert {p.name: p.read_bytes() for p in run.iterdir()} == before

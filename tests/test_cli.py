@@ -23,6 +23,26 @@ def test_bounds_prints_a_table(capsys):
     assert float(row[1]) == np.float64(f"{lo:.10g}") and float(row[2]) == float(f"{hi:.10g}")
 
 
+def test_bounds_computes_edges_and_logs_on_the_chosen_backend(capsys, monkeypatch):
+    import fbands.bands as bands
+
+    used = []
+    for name in ("bounds", "log_bounds"):
+        real = getattr(bands, name)
+
+        def spy(*args, real=real, name=name, **kwargs):
+            used.append((name, args[3] if len(args) > 3 else kwargs.get("backend", "auto")))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(fbands, name, spy)
+    assert main(["bounds", "--backend", "numba", "--format", "csv", "0.2", "0.7"]) == 0
+    assert used == [("bounds", "numba"), ("log_bounds", "numba")]
+    rows = [line.split(",") for line in capsys.readouterr().out.splitlines()[1:]]
+    lo, hi = fbands.log_bounds(np.array([0.2, 0.7]), 0.05, "kl", backend="numpy")
+    np.testing.assert_allclose([float(r[5]) for r in rows], lo, rtol=1e-13)
+    np.testing.assert_allclose([float(r[6]) for r in rows], hi, rtol=1e-13)
+
+
 def test_plot_writes_a_png(tmp_path):
     out = tmp_path / "band.png"
     assert main(["plot", "--div", "kl,tv,chi2", "--delta", "0.05", "-o", str(out)]) == 0

@@ -465,3 +465,13 @@ def test_divergence_payload_through_hydra_is_not_executed(tmp_path):
     assert "DivergenceError" in repr(info.value) or isinstance(info.value,
                                                                fbands.DivergenceError)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("key", ["div", "delta", "preset"])
+def test_mandatory_value_left_unset_is_an_error_not_the_default(key):
+    # issue 27: a DictConfig's '???' used to read as None, i.e. kl / 0.05, silently
+    from omegaconf import OmegaConf
+
+    section = OmegaConf.create({"loss_mode": "fbands", "div": "tv", "delta": 0.1, key: "???"})
+    with pytest.raises(fv.VerlBandError, match=rf"{key} is '\?\?\?'"):
+        fv.loss_config(section)

@@ -35,12 +35,10 @@ verl's environment variable ``VERL_USE_EXTERNAL_MODULES=fbands.integrations.verl
 
 The radius is fixed (``policy_loss.delta``): in verl 0.9.1 a policy loss cannot know the
 global step.  verl calls it with ``old_log_prob``, ``log_prob``, ``advantages``,
-``response_mask``, ``loss_agg_mode``, ``config`` (the actor's ``ActorConfig``, no step
-counter; its ``global_batch_info`` holds batch sizes only) and ``rollout_is_weights`` only
-(``verl.workers.utils.losses.ppo_loss`` drops the rest of the batch, the rollout's
-``min_global_steps`` / ``max_global_steps`` included; the trainer's ``global_steps`` stays in
-the generation batch's ``meta_info``, and ``update_weights(global_steps=...)`` comes after
-the update).  A decaying radius (:mod:`fbands.schedules`) is therefore applied by segments:
+``response_mask``, ``loss_agg_mode``, ``config`` (the actor's ``ActorConfig``: no step
+counter) and ``rollout_is_weights`` only (``verl.workers.utils.losses.ppo_loss`` drops the
+rest of the batch; the trainer's ``global_steps`` stays in the generation batch's
+``meta_info``).  A decaying radius (:mod:`fbands.schedules`) is therefore applied by segments:
 resume from the ``global_step_N`` checkpoint with ``policy_loss.delta`` set to the
 schedule's value at ``N`` (the "Choosing delta" guide); ``fbands train`` and the TRL
 plug-in follow schedules step by step.  The radius used is logged as ``actor/band/delta``.
@@ -54,6 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, agg_loss, register_policy_loss
 from verl.workers.config import ActorConfig, PolicyLossConfig
 
@@ -206,7 +205,10 @@ class BandPolicyLossConfig(PolicyLossConfig):
 
 
 def _get(section: Any, key: str, default: Any) -> Any:
-    """Read ``key`` from a dataclass config, a DictConfig or a dict."""
+    """Read ``key`` from a dataclass config, a DictConfig (where ``???`` is an error, not the
+    default) or a dict."""
+    if isinstance(section, DictConfig) and OmegaConf.is_missing(section, key):
+        raise VerlBandError(f"{key} is '???' (mandatory, never set): give it a value")
     if isinstance(section, Mapping) or hasattr(section, "get"):
         value = section.get(key, default)
     else:

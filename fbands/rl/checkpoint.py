@@ -111,12 +111,35 @@ def rng_state_problem(state) -> str | None:
     return None
 
 
+def _not_plain(value, where: str = "") -> str | None:
+    """Where ``value`` holds something that a JSON configuration cannot (None: nowhere)."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return None
+    if isinstance(value, list | tuple):
+        items = ((f"{where}[{i}]", v) for i, v in enumerate(value))
+    elif isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            return f"a key that is not text{' in ' + where if where else ''}"
+        items = ((f"{where}.{k}" if where else k, v) for k, v in value.items())
+    else:
+        return f"a {type(value).__name__} at {where or 'the top'}"
+    for at, v in items:
+        odd = _not_plain(v, at)
+        if odd is not None:
+            return odd
+    return None
+
+
 def _entry_problem(saved: dict) -> str | None:
     """What is wrong with the plain entries of a checkpoint (None: nothing)."""
     for key, kind in _CHECKPOINT_ENTRIES.items():
         if not isinstance(saved.get(key), kind) or isinstance(saved.get(key), bool):
             return (f"has no valid {key!r} entry (got {type(saved.get(key)).__name__}); it is "
                     "not a complete fbands checkpoint")
+    odd = _not_plain(saved["config"])
+    if odd is not None:
+        return (f"has a 'config' entry that is not plain data ({odd}); it is not an fbands "
+                "checkpoint's configuration")
     steps = saved["config"].get("steps")
     last = steps if _is_int(steps, 1) else math.inf
     if not _is_int(saved["step"], 0, last):
