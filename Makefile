@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 ALL_EXTRAS := dev,rl,docs,verl,trl,llm
 
-.PHONY: demo test test-fast docs bench bench-rl bench-llm bench-claims setup
+.PHONY: demo test test-fast test-versions docs bench bench-rl bench-llm bench-claims setup
 
 setup:
 	scripts/bootstrap.sh $(ALL_EXTRAS)
@@ -30,6 +30,11 @@ test: setup
 docs:
 	scripts/bootstrap.sh docs
 	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
+
+## The TRL and verl plug-in tests against the oldest and newest release each extra allows,
+## one fresh venv per release under /tmp (about 12 min on 2 cores).
+test-versions:
+	scripts/check_versions.sh
 
 bench: setup
 	$(PY) benchmarks/run.py

@@ -327,3 +327,22 @@ def test_torch_backend_and_losses(torch_env):
     assert abs(got["loss"]) < 10 and all(abs(g) < 10 for g in got["grad"])
     # the first token's ratio exp(2.5) is far above its band's upper edge: clipped, no gradient
     assert got["grad"][0] == 0.0 and got["grad"][1] != 0.0
+
+
+@pytest.mark.parametrize("extra, package", [("trl", "trl"), ("verl", "verl")])
+def test_version_check_covers_the_ends_of_each_plugin_range(extra, package):
+    """scripts/check_versions.sh tests the oldest and newest release the extra allows."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"][extra]
+    (spec,) = [Requirement(r).specifier for r in extras if Requirement(r).name == package]
+    script = (ROOT / "scripts" / "check_versions.sh").read_text()
+    oldest, newest = (Version(re.search(rf"^{package.upper()}_{end}=(\S+)", script, re.M)[1])
+                      for end in ("OLDEST", "NEWEST"))
+    assert oldest in spec and newest in spec
+    floors = [Version(s.version) for s in spec if s.operator == ">="]
+    assert floors == [oldest], "the floor of the range is the oldest release tested"
