@@ -33,15 +33,11 @@ ways to load the plug-in exist: the ``verl.plugins`` entry point that the fbands
 distribution declares (verl loads every such entry point on ``import verl``), and
 verl's environment variable ``VERL_USE_EXTERNAL_MODULES=fbands.integrations.verl``.
 
-The radius is fixed (``policy_loss.delta``): in verl 0.9.1 a policy loss cannot know the
-global step.  verl calls it with ``old_log_prob``, ``log_prob``, ``advantages``,
-``response_mask``, ``loss_agg_mode``, ``config`` (the actor's ``ActorConfig``: no step
-counter) and ``rollout_is_weights`` only (``verl.workers.utils.losses.ppo_loss`` drops the
-rest of the batch; the trainer's ``global_steps`` stays in the generation batch's
-``meta_info``).  A decaying radius (:mod:`fbands.schedules`) is therefore applied by segments:
-resume from the ``global_step_N`` checkpoint with ``policy_loss.delta`` set to the
-schedule's value at ``N`` (the "Choosing delta" guide); ``fbands train`` and the TRL
-plug-in follow schedules step by step.  The radius used is logged as ``actor/band/delta``.
+verl calls a policy loss without the global step.  A decaying radius
+(``+...policy_loss.delta_schedule=cosine:0.1:0.02:1000``, :func:`fbands.parse_schedule`)
+therefore needs fbands' trainer, which passes the step along:
+``trainer.v1.trainer_mode=fbands_sync`` (:mod:`fbands.integrations.verl_trainer`).  The radius
+used is logged as ``actor/band/delta``.
 """
 
 from __future__ import annotations
@@ -62,6 +58,7 @@ from fbands.errors import ConfigError
 from fbands.integrations._names import merge, mode_fields
 from fbands.integrations._options import as_bool, as_float, as_str
 from fbands.integrations._verl_extras import clip_counts, resolve_aliases, verl_metrics
+from fbands.integrations._verl_step import schedule_for, scheduled
 
 __all__ = [
     "ENTRY_POINT",
@@ -124,6 +121,9 @@ class BandPolicyLossConfig(PolicyLossConfig):
     div, delta : str or None, float or None
         Divergence (``fbands.available()``) and radius of the trust region, ``D_f <= delta``;
         unset: the preset's, else ``"kl"`` and 0.05.
+    delta_schedule : str or None
+        A step schedule of the radius from ``delta`` (:func:`fbands.parse_schedule`), evaluated
+        at the steps completed; it needs ``trainer.v1.trainer_mode=fbands_sync``.
     relax : bool
         Widen the band to at least the fixed clip ``[1 - clip_ratio_low, 1 + clip_ratio_high]``.
     upper_bound_max : float or None
@@ -173,6 +173,7 @@ class BandPolicyLossConfig(PolicyLossConfig):
     method: str = "band_clip"
     div: str | None = None
     delta: float | None = None
+    delta_schedule: str | None = None
     relax: bool = False
     upper_bound_max: float | None = None
     dual_clip_c: float | None = None
@@ -201,7 +202,10 @@ class BandPolicyLossConfig(PolicyLossConfig):
         # divergence string is parsed by fbands.get (never evaluated as code).
         if self.div is not None:
             fbands.get(as_str("policy_loss.div", self.div))
-        loss_config(self)
+        cfg = loss_config(self)
+        if self.delta_schedule:
+            schedule_for(cfg, as_str("policy_loss.delta_schedule", self.delta_schedule),
+                         VerlBandError)
 
 
 def _get(section: Any, key: str, default: Any) -> Any:
@@ -418,10 +422,12 @@ def compute_policy_loss(
     """
     if config is None:
         raise VerlBandError("the band losses need verl's actor config (config=None given)")
-    cfg = loss_config(_get(config, "policy_loss", {}), config, loss_mode=loss_mode)
+    section = _get(config, "policy_loss", {})
+    cfg = loss_config(section, config, loss_mode=loss_mode)
     if cfg not in _LOGGED:  # once per configuration and worker process
         _LOGGED.add(cfg)
         logger.info("fbands band loss %r: %s", loss_mode, cfg)
+    cfg = scheduled(cfg, _get(section, "delta_schedule", None), VerlBandError)
     batch_info = dict(_get(config, "global_batch_info", None) or {})
     dtype = torch.promote_types(log_prob.dtype, torch.float32)
     weights = aggregation_weights(response_mask, loss_agg_mode, dtype, **batch_info)
@@ -438,25 +444,11 @@ def compute_policy_loss(
 
 
 def _make_loss(loss_mode: str):
-    def band_policy_loss(
-        old_log_prob: torch.Tensor,
-        log_prob: torch.Tensor,
-        advantages: torch.Tensor,
-        response_mask: torch.Tensor,
-        loss_agg_mode: str = "token-mean",
-        config: Any = None,
-        rollout_is_weights: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        return compute_policy_loss(
-            loss_mode,
-            old_log_prob,
-            log_prob,
-            advantages,
-            response_mask,
-            loss_agg_mode=loss_agg_mode,
-            config=config,
-            rollout_is_weights=rollout_is_weights,
-        )
+    # verl passes the arguments by these names
+    def band_policy_loss(old_log_prob, log_prob, advantages, response_mask,
+                         loss_agg_mode="token-mean", config=None, rollout_is_weights=None):
+        return compute_policy_loss(loss_mode, old_log_prob, log_prob, advantages, response_mask,
+                                   loss_agg_mode, config, rollout_is_weights)
 
     band_policy_loss.__name__ = f"fbands_{loss_mode}_policy_loss"
     band_policy_loss.__qualname__ = band_policy_loss.__name__
