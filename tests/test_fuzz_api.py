@@ -247,6 +247,65 @@ def test_cli_plot_any_input(div, delta, tmp_path_factory):
     check_exit(*run_cli(["plot", "--div", div, "--delta", delta, "-o", str(out)]))
 
 
+ANY_WORD = NUMBER_TEXT | DIV_TEXT | st.text(max_size=10)
+
+
+@FUZZ
+@given(words=st.lists(st.sampled_from(["--no-derive", "--derive", "-x"]) | ANY_WORD,
+                      max_size=3))
+def test_cli_divergences_any_arguments(words):
+    check_exit(*run_cli(["divergences", *words]))
+
+
+@FUZZ
+@given(options=st.lists(st.tuples(
+    st.sampled_from(["--steps", "--model", "--seed", "--out"]), ANY_WORD), max_size=3),
+    flags=st.lists(st.sampled_from(["--no-progress", "--force", "--nope"]), max_size=2))
+def test_cli_demo_any_arguments(options, flags, tmp_path_factory):
+    """demo with any options, its two trainings replaced by the validation of their configs
+    (a valid command line reaches them, and only then)."""
+    pytest.importorskip("transformers")
+    import fbands.rl.compare as rl_compare
+    import fbands.rl.train as rl_train
+
+    base = tmp_path_factory.mktemp("demo")
+    argv = ["demo", "--out", str(base / "runs"), *[x for pair in options for x in pair], *flags]
+    seen = []
+    with mock.patch.object(rl_train, "train", lambda cfg: seen.append(cfg.validate())), \
+            mock.patch.object(rl_compare, "compare", lambda dirs, out: "table"), \
+            contextlib.chdir(base):
+        code, err = run_cli(argv)
+    check_exit(code, err)
+    assert (code == 0) == (len(seen) == 2)
+
+
+METRIC_LINE = st.one_of(
+    st.dictionaries(st.sampled_from(["step", "reward", "accuracy", "entropy", "delta", "x"]),
+                    JSON_VALUE_LEAF := st.one_of(
+                        st.none(), st.booleans(), st.integers(-5, 10**20),
+                        st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=4)),
+                    max_size=5).map(lambda d: json.dumps(d, allow_nan=True)),
+    st.text(max_size=12),
+)
+
+
+@settings(FUZZ, max_examples=15)
+@given(runs=st.lists(st.lists(METRIC_LINE, max_size=4), min_size=1, max_size=2),
+       target=NUMBER_TEXT, suffix=st.sampled_from([".png", ".txt", "", ".svg"]))
+def test_cli_compare_any_metrics(runs, target, suffix, tmp_path_factory):
+    """compare over run folders whose metrics.jsonl holds any lines."""
+    pytest.importorskip("matplotlib")
+    base = tmp_path_factory.mktemp("compare")
+    dirs = []
+    for i, lines in enumerate(runs):
+        run = base / f"run{i}"
+        run.mkdir()
+        (run / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
+        dirs.append(str(run))
+    check_exit(*run_cli(["compare", *dirs, "--target", target, "--out",
+                         str(base / f"c{suffix}")]))
+
+
 # --------------------------------------------------------------------------------------
 # trainer configuration
 

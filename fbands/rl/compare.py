@@ -129,7 +129,8 @@ def plot_runs(runs: dict[str, list[dict]], out: str | Path, title: str = "") -> 
         ax.set_xlabel("RL step")
         ax.set_title(label)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    if axes[0].get_legend_handles_labels()[0]:  # (no curve at all: no legend to draw)
+        axes[0].legend(fontsize=8)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
