@@ -16,9 +16,9 @@ TRL_OLDEST=1.10.0   # 1.9.x: a different entropy-bonus normalisation for loss_ty
 TRL_NEWEST=1.16.0
 VERL_OLDEST=0.9.0   # 0.8.0 needs numpy<2, fbands needs numpy>=2.4
 VERL_NEWEST=0.9.1
-# TRL before 1.14.2 imports requests without declaring it (transformers 5 no longer brings it),
-# so the trl extra must list requests too as long as TRL_OLDEST is older than that.
-TRL_EXTRA_DEPS=(requests)
+# fbands is installed with the package's own extra (fbands[dev,trl], fbands[dev,verl]), so that
+# what the extra adds (requests for TRL before 1.14.2, TransferQueue & co. for verl's v1
+# trainer) is tested too.
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 dir="${FBANDS_COMPAT_DIR:-/tmp/fbands-compat}"
@@ -40,14 +40,13 @@ rows=() failed=0
 check() {
   local pkg=$1 ver=$2 venv="$dir/$1-$2" log="$dir/$1-$2.log" start=$SECONDS status=failed
   shift 2
-  local extra=() pip=("$venv/bin/python" -m pip --disable-pip-version-check)
-  [ "$pkg" = trl ] && extra=("${TRL_EXTRA_DEPS[@]}")
+  local pip=("$venv/bin/python" -m pip --disable-pip-version-check)
   echo "[check_versions] $pkg $ver: building $venv (log: $log)"
   # shellcheck disable=SC2086
   if "$python" -m venv --clear "$venv" >"$log" 2>&1 \
       && "${pip[@]}" install -q ${FBANDS_TORCH:-torch==2.13.0} >>"$log" 2>&1 \
       && torch_ver="$(version torch)" \
-      && "${pip[@]}" install -q "$src[dev]" "$pkg==$ver" "${extra[@]}" "torch==$torch_ver" \
+      && "${pip[@]}" install -q "$src[dev,$pkg]" "$pkg==$ver" "torch==$torch_ver" \
           >>"$log" 2>&1; then
     echo "[check_versions] $pkg $ver: pytest $*"
     if (cd "$src" && "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@") >>"$log" 2>&1
@@ -60,8 +59,8 @@ check() {
 
 check trl "$TRL_OLDEST" tests/test_trl.py
 check trl "$TRL_NEWEST" tests/test_trl.py
-check verl "$VERL_OLDEST" tests/test_verl.py tests/test_verl_bandpo.py
-check verl "$VERL_NEWEST" tests/test_verl.py tests/test_verl_bandpo.py
+check verl "$VERL_OLDEST" tests/test_verl.py tests/test_verl_bandpo.py tests/test_verl_trainer.py
+check verl "$VERL_NEWEST" tests/test_verl.py tests/test_verl_bandpo.py tests/test_verl_trainer.py
 
 echo
 printf '%-6s %-9s %-14s %-8s %s\n' package version transformers result time

@@ -170,3 +170,19 @@ def test_f14_hellinger_keeps_its_closed_form():
     f = (symbolic.sp.sqrt(symbolic.U) - 1) ** 2
     assert symbolic._may_have_closed_form(f)
     assert symbolic._closed_form(f, "upper") is not None
+
+
+@pytest.mark.parametrize("name", ["kl", "tv", "js", "hellinger", "alpha(a=-1)"])
+@pytest.mark.parametrize("q", [1e-9, 1e-12, 1e-15])
+def test_lower_edge_gradient_just_below_p_one(name, q):
+    # g_p = f(r) - f(c) + f'(c) (c - r) cancels for c ~ 1/q: taken from the intercept
+    # T(c) = f(c) - c f'(c) there (was eps / q off: 48% for tv at q = 1e-15)
+    torch = pytest.importorskip("torch")
+    p = torch.tensor([1.0 - q], dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(fbands.bounds(p, DELTA, name)[0].sum(), p)
+    with mp.workdps(reference.DPS):
+        P = mp.mpf(float(p))
+        h = (1 - P) * mp.mpf(10) ** -15
+        f = reference.TABLE[name]
+        want = (reference.edges(f, P + h, DELTA)[0] - reference.edges(f, P - h, DELTA)[0]) / (2 * h)
+    assert grad.item() == pytest.approx(float(want), rel=1e-10)

@@ -316,6 +316,42 @@ def _offset_at_inf(div) -> float:
     return _OFFSETS[key]
 
 
+#: log of the other token's ratio ``c`` above which ``g_p`` is taken from the intercept (its
+#: plain form loses about ``eps c`` relatively: 1e-12 at ``c = 1e4``).
+LOG_C_CANCEL = math.log(1e4)
+_INTERCEPTS: dict[tuple, object] = {}
+
+
+def _intercept(div, dtype: torch.dtype):
+    r"""``T(s_c) = f(c) - c f'(c)`` at ``c = e^{s_c} > 1``, the intercept of ``f``'s tangent,
+    simplified by sympy (kl: ``-s_c``; tv: ``-1/2``; js: ``-log((1 + c) / 2) / 2``) and bound
+    to torch; None where ``f'(inf)`` is infinite (then ``f(c)`` and ``c f'(c)`` do not cancel
+    to leading order) or sympy gives no form.
+
+    Where ``c`` is large, ``g_p = f(r) - f(c) + f'(c) (c - r)`` is a difference of two terms
+    of size ``f'(inf) c`` (``c ~ (1 - r) / q`` for ``p`` next to 1); written as
+    ``f(r) - T(c) - r f'(c)`` it has none.
+    """
+    key = (str(div.f), dtype)
+    if key not in _INTERCEPTS:
+        _INTERCEPTS[key] = None
+        if math.isfinite(div.fprime_inf):
+            import sympy as sp
+
+            from fbands import symbolic
+
+            w, t = sp.Symbol("w", positive=True), sp.Symbol("t", positive=True)
+            f = div.f.subs(symbolic.U, 1 + w)  # c = 1 + w > 1: |.| and sign resolve
+            T = sp.simplify(f - (1 + w) * sp.diff(f, w))
+            T = sp.simplify(sp.expand_log(T.subs(w, sp.exp(t) - 1), force=True))  # c = e^t
+            if T.free_symbols <= {t} and not T.has(sp.Abs, sp.sign, sp.Piecewise):
+                ns = vars(_namespace(dtype))
+                fn = symbolic.bind(symbolic.compile_expr(T.subs(t, symbolic.S), (symbolic.S,)),
+                                   {k: ns[k] for k in (*symbolic._FUNCTIONS, "abs")})
+                _INTERCEPTS[key] = fn
+    return _INTERCEPTS[key]
+
+
 def _inner_derivatives(fun: BandFunction, x: Inputs, s):
     top = s == -x.lp
     zero = s == -math.inf
@@ -326,6 +362,12 @@ def _inner_derivatives(fun: BandFunction, x: Inputs, s):
     r = torch.exp(s_in)
     fprime_c = fun.dF(sc) * torch.exp(-sc)  # f'(c) = F'(s_c) / c
     g_p = fun.F(s_in) - fun.F(sc) + fprime_c * (1.0 - r) / x.q
+    intercept = _intercept(fun.div, s.dtype)
+    if intercept is not None:  # f(c) - f'(c) (c - r) = T(c) + r f'(c): no cancellation
+        far = sc > LOG_C_CANCEL
+        sc_far = torch.where(far, sc, LOG_C_CANCEL + 1.0 + 0.0 * sc)
+        g_far = fun.F(s_in) - intercept(sc_far) - torch.exp(s_in - sc_far) * fun.dF(sc_far)
+        g_p = torch.where(far, g_far, g_p)
     ds_dp = torch.where(inside, -g_p / g_s, torch.where(top, -1.0 / x.p, 0.0))
     ds_dd = torch.where(inside, 1.0 / g_s, 0.0)
     return ds_dp, ds_dd
