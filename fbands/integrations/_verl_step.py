@@ -73,8 +73,9 @@ def scheduled(cfg: fl.LossConfig, text: str | None, error: type[ConfigError]) ->
     if step is None:
         raise error(f"policy_loss.delta_schedule={text!r} needs the global step, which verl "
                     "gives a policy loss only through fbands' trainer: set "
-                    f"trainer.v1.trainer_mode={TRAINER_MODE} (the verl guide, 'A delta "
-                    "schedule')")
+                    f"trainer.v1.trainer_mode={TRAINER_MODE} with verl's v1 trainer "
+                    "(trainer.use_v1=true) and load fbands.integrations.verl_trainer (the verl "
+                    "guide, 'A delta schedule')")
     return dataclasses.replace(cfg, delta=schedule(step))
 
 
