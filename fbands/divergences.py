@@ -26,6 +26,7 @@ alpha         ``(u**a - 1 - a (u - 1)) / (a (a - 1))``: Amari's alpha family, pa
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import threading
 from functools import cached_property
@@ -148,6 +149,24 @@ class Divergence:
                     )
         return out
 
+    @cached_property
+    def intercept_source(self) -> str | None:
+        r"""Generated source of ``T(s) = f(c) - c f'(c)`` at ``c = e^s > 1``, the intercept of
+        ``f``'s tangent, simplified by sympy (kl: ``-s``; tv: ``-1/2``; js:
+        ``-log((1 + e^s) / 2) / 2``); None where ``f'(inf)`` is infinite (``f(c)`` and
+        ``c f'(c)`` then do not cancel to leading order) or sympy gives no plain form.  The
+        edges' derivatives use it where ``c`` is large (:mod:`fbands.backends.torch_backend`).
+        """
+        if not math.isfinite(self.fprime_inf):
+            return None
+        w, t = sp.Symbol("w", positive=True), sp.Symbol("t", positive=True)
+        f = self.f.subs(symbolic.U, 1 + w)  # c = 1 + w > 1: |.| and sign resolve
+        T = sp.simplify(f - (1 + w) * sp.diff(f, w))
+        T = sp.simplify(sp.expand_log(T.subs(w, sp.exp(t) - 1), force=True))  # c = e^t
+        if not T.free_symbols <= {t} or T.has(sp.Abs, sp.sign, sp.Piecewise):
+            return None
+        return symbolic.compile_expr(T.subs(t, symbolic.S), (symbolic.S,))
+
     def kernels(self, namespace: Any):
         """``(F, dF, closed)`` bound to a backend's functions.
 
@@ -162,11 +181,8 @@ class Divergence:
         found = _BOUND.get((id(self), id(namespace)))
         if found is not None:
             return found[2]
-        ns = namespace if isinstance(namespace, dict) else vars(namespace)
-        extended = "from_decimal" in ns
-        names = (*symbolic._FUNCTIONS, "abs", *(("from_decimal",) if extended else ()))
-        ns = {k: ns[k] for k in names}
-        src = self.extended_sources if extended else self.sources
+        ns = functions(namespace)
+        src = self.extended_sources if "from_decimal" in ns else self.sources
         far = symbolic.bind(src["F_far"], ns)
         if src["F_near"] == src["F_far"]:
             F = far
@@ -190,6 +206,14 @@ class Divergence:
         # (both objects held with their bindings: their ids stay theirs)
         _BOUND[(id(self), id(namespace))] = (self, namespace, (F, dF, closed))
         return F, dF, closed
+
+
+def functions(namespace: Any) -> dict:
+    """The functions of a backend's namespace (module or mapping) that generated sources
+    call: :data:`fbands.symbolic._FUNCTIONS`, ``abs``, and ``from_decimal`` where it has one."""
+    ns = namespace if isinstance(namespace, dict) else vars(namespace)
+    names = (*symbolic._FUNCTIONS, "abs", *(("from_decimal",) if "from_decimal" in ns else ()))
+    return {k: ns[k] for k in names}
 
 
 #: The kernels of each divergence bound to each namespace (:meth:`Divergence.kernels`):

@@ -323,32 +323,18 @@ _INTERCEPTS: dict[tuple, object] = {}
 
 
 def _intercept(div, dtype: torch.dtype):
-    r"""``T(s_c) = f(c) - c f'(c)`` at ``c = e^{s_c} > 1``, the intercept of ``f``'s tangent,
-    simplified by sympy (kl: ``-s_c``; tv: ``-1/2``; js: ``-log((1 + c) / 2) / 2``) and bound
-    to torch; None where ``f'(inf)`` is infinite (then ``f(c)`` and ``c f'(c)`` do not cancel
-    to leading order) or sympy gives no form.
-
-    Where ``c`` is large, ``g_p = f(r) - f(c) + f'(c) (c - r)`` is a difference of two terms
-    of size ``f'(inf) c`` (``c ~ (1 - r) / q`` for ``p`` next to 1); written as
-    ``f(r) - T(c) - r f'(c)`` it has none.
-    """
+    r"""The tangent's intercept ``T`` (:attr:`fbands.Divergence.intercept_source`) bound to
+    torch, or None.  Where ``c`` is large, ``g_p = f(r) - f(c) + f'(c) (c - r)`` is a
+    difference of two terms of size ``f'(inf) c`` (``c ~ (1 - r) / q`` for ``p`` next to 1);
+    written as ``f(r) - T(c) - r f'(c)`` it has none."""
     key = (str(div.f), dtype)
     if key not in _INTERCEPTS:
-        _INTERCEPTS[key] = None
-        if math.isfinite(div.fprime_inf):
-            import sympy as sp
+        from fbands import symbolic
+        from fbands.divergences import functions
 
-            from fbands import symbolic
-
-            w, t = sp.Symbol("w", positive=True), sp.Symbol("t", positive=True)
-            f = div.f.subs(symbolic.U, 1 + w)  # c = 1 + w > 1: |.| and sign resolve
-            T = sp.simplify(f - (1 + w) * sp.diff(f, w))
-            T = sp.simplify(sp.expand_log(T.subs(w, sp.exp(t) - 1), force=True))  # c = e^t
-            if T.free_symbols <= {t} and not T.has(sp.Abs, sp.sign, sp.Piecewise):
-                ns = vars(_namespace(dtype))
-                fn = symbolic.bind(symbolic.compile_expr(T.subs(t, symbolic.S), (symbolic.S,)),
-                                   {k: ns[k] for k in (*symbolic._FUNCTIONS, "abs")})
-                _INTERCEPTS[key] = fn
+        src = div.intercept_source
+        _INTERCEPTS[key] = (None if src is None else
+                            symbolic.bind(src, functions(_namespace(dtype))))
     return _INTERCEPTS[key]
 
 

@@ -75,3 +75,24 @@ def as_str(name: str, value) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{name} must be a non-empty string, got {value!r}")
     return value
+
+
+def radius_schedule(name: str, text: str, cfg, error: type[ConfigError], *, method: str,
+                    adaptive: bool = True):
+    """The :func:`fbands.parse_schedule` schedule ``text`` of the radius of the loss ``cfg``
+    (a :class:`fbands.losses.LossConfig`), or ``error`` naming the option ``name``: for a
+    method without a radius (``method`` says how the user named it), a text that does not
+    parse, and an adaptive schedule where ``adaptive`` is False."""
+    from fbands.schedules import parse_schedule
+
+    if not cfg.uses_radius:
+        raise error(f"{name}={text!r}: {method} has no radius to schedule")
+    try:
+        schedule = parse_schedule(text, start=cfg.delta)
+    except ValueError as err:  # (ConfigError is one)
+        raise error(f"{name}={text!r}: {err}") from err
+    if schedule.adaptive and not adaptive:
+        raise error(f"{name}={text!r}: an adaptive radius needs each step's KL, which verl "
+                    "does not hand to a policy loss; use a step schedule (linear, cosine, "
+                    "poly, hold_linear, restarts)")
+    return schedule

@@ -17,7 +17,7 @@ from typing import Any
 
 from fbands import losses as fl
 from fbands.errors import ConfigError
-from fbands.schedules import parse_schedule
+from fbands.integrations._options import radius_schedule
 
 #: The ``trainer.v1.trainer_mode`` of :class:`StepTrainer`.
 TRAINER_MODE = "fbands_sync"
@@ -42,25 +42,14 @@ def global_step(step: int | None):
 
 
 def schedule_for(cfg: fl.LossConfig, text: str, error: type[ConfigError]):
-    """The step schedule ``text`` of the radius of ``cfg`` (an error where it has none)."""
-    if not cfg.uses_radius:
-        raise error(f"policy_loss.delta_schedule={text!r}: method {cfg.method!r} has no "
-                    "radius to schedule")
-    return _schedule_of(text, cfg.delta, error)
+    """The step schedule ``text`` of the radius of ``cfg`` (parsed once per text and start)."""
+    return _schedule_of(text, cfg, error)
 
 
 @functools.lru_cache(maxsize=64)
-def _schedule_of(text: str, start: float, error: type[ConfigError]):
-    """The step schedule of ``policy_loss.delta_schedule`` (parsed once per text)."""
-    try:
-        schedule = parse_schedule(text, start=start)
-    except ValueError as err:
-        raise error(f"policy_loss.delta_schedule={text!r}: {err}") from err
-    if schedule.adaptive:
-        raise error(f"policy_loss.delta_schedule={text!r}: an adaptive radius needs each "
-                    "step's KL, which verl does not hand to a policy loss; use a step schedule "
-                    "(linear, cosine, poly, hold_linear, restarts)")
-    return schedule
+def _schedule_of(text: str, cfg: fl.LossConfig, error: type[ConfigError]):
+    return radius_schedule("policy_loss.delta_schedule", text, cfg, error,
+                           method=f"method {cfg.method!r}", adaptive=False)
 
 
 def scheduled(cfg: fl.LossConfig, text: str | None, error: type[ConfigError]) -> fl.LossConfig:

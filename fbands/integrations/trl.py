@@ -68,7 +68,7 @@ import fbands
 from fbands import losses as fl
 from fbands.errors import ConfigError
 from fbands.integrations._names import merge, named_fields
-from fbands.integrations._options import as_bool, as_float, as_str
+from fbands.integrations._options import as_bool, as_float, as_str, radius_schedule
 from fbands.integrations._trl_loss import LOWER, UPPER, BandLoss
 
 __all__ = [
@@ -269,23 +269,14 @@ class BandGRPOConfig(GRPOConfig):
 
     def band_schedule(self):
         """The :class:`fbands.DeltaSchedule` of ``band_delta_schedule``, or None."""
-        from fbands.schedules import parse_schedule
-
         text = self.band_delta_schedule
         if not isinstance(text, str):
             raise TRLBandError(f"band_delta_schedule={text!r}: must be a string ('' keeps "
                                "band_delta)")
         if not text:
             return None
-        cfg = self.band_loss_config()
-        if not cfg.uses_radius:
-            raise TRLBandError(f"band_delta_schedule={text!r}: band_method="
-                               f"{self.band_method!r} has no radius to schedule")
-        try:
-            schedule = parse_schedule(text, start=cfg.delta)
-        except ConfigError as err:
-            raise TRLBandError(f"band_delta_schedule={text!r}: {err}") from err
-        return schedule
+        return radius_schedule("band_delta_schedule", text, self.band_loss_config(),
+                               TRLBandError, method=f"band_method={self.band_method!r}")
 
     def band_loss_config(self) -> fl.LossConfig:
         """The :class:`fbands.losses.LossConfig` these options describe.
