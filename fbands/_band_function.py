@@ -9,8 +9,9 @@ lower edge at ``p = 1``.  Each evaluates without cancellation on arrays of one n
 
 from __future__ import annotations
 
+import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -30,6 +31,13 @@ class Inputs:
     p: Any
     q: Any
     delta: Any
+
+
+def _broadcast_take(a, shape, index):
+    """``a`` broadcast to ``shape``, at ``index`` (numpy arrays and scalars)."""
+    import numpy as np
+
+    return np.broadcast_to(a, shape)[index]
 
 
 def log1mexp(xp, z):
@@ -53,6 +61,16 @@ class BandFunction:
         self.p_over_q = xp.exp(inputs.lp - inputs.lq)
         number = getattr(xp, "from_decimal", None)  # a namespace of extended precision
         self.f0 = div.f0 if number is None else number(div.derivation.f0_text)
+
+    def take(self, index):
+        """The same function on the elements ``index`` (a numpy index) of its inputs, as a
+        1-d problem: what the solver goes on with once most elements have converged."""
+        shape = self.p_over_q.shape
+        part = copy.copy(self)
+        part.x = Inputs(*(_broadcast_take(getattr(self.x, f.name), shape, index)
+                          for f in fields(Inputs)))
+        part.p_over_q = self.p_over_q[index]
+        return part
 
     def s_c(self, s):
         xp, x = self.xp, self.x

@@ -39,6 +39,7 @@ of times on the same element (``tests/test_solver_forms.py`` checks it, through
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -82,6 +83,10 @@ WIDTH_FLOOR = 1e-300
 #: Iterations before an element is declared unconverged (nan).  The safeguarded iteration
 #: halves the bracket at worst, so 200 covers the whole float64 range of s many times over.
 MAX_ITER = 200
+#: Without a fixed count (numpy), once at most this share of the elements is left to
+#: converge, the loop goes on with those alone (:meth:`BandFunction.take`): the same
+#: values, without the work of the converged ones while a few stragglers finish.
+COMPACT_AT = 0.25
 #: Above ``FAR_ABOVE * delta`` a Newton step is taken on ``log g`` instead of ``g``.
 FAR_ABOVE = 2.0
 #: A positive float times this is the float just below it (or one further; see newton_edge).
@@ -118,6 +123,24 @@ NEWTON = 3
 TINY = 4
 #: ``p = 1``: the limit equation (:class:`AtOne`).
 AT_ONE = 5
+
+
+def _solve_where(mask, x: Inputs, fixed_iter, solve_part):
+    """``solve_part(x)``, a tuple of arrays that the caller reads where ``mask`` holds: on
+    numpy (no fixed count) ``solve_part`` runs on those elements alone and the arrays are 0
+    elsewhere; otherwise on every element."""
+    if fixed_iter is not None or not isinstance(mask, np.ndarray):
+        return solve_part(x)
+    arrays = [getattr(x, f.name) for f in fields(Inputs)]
+    shape = np.broadcast_shapes(*(np.shape(a) for a in arrays))
+    index = np.nonzero(np.broadcast_to(mask, shape))
+    found = solve_part(Inputs(*(np.broadcast_to(a, shape)[index] for a in arrays)))
+    out = []
+    for part in found:
+        full = np.zeros(shape)
+        full[index] = part
+        out.append(full)
+    return tuple(out)
 
 
 def _solve_at_one(div: Divergence, xp, x: Inputs, fixed_iter, kernels=None):
@@ -317,7 +340,7 @@ def newton_edge(fun: BandFunction, edge: str, s0, lo, hi, *, max_iter: int = MAX
     done = s != s  # all False, right shape and type
     iters = 0.0 * s
     n = fixed_iter if fixed_iter is not None else max_iter
-    for _ in range(n):
+    for k in range(n):
         iters = iters + xp.where(done, 0.0, 1.0)
         g, slope = fun.value_and_slope(s)
         r = g - x.delta
@@ -361,16 +384,39 @@ def newton_edge(fun: BandFunction, edge: str, s0, lo, hi, *, max_iter: int = MAX
         new = xp.where(converged | inside, xp.minimum(xp.maximum(cand, lo), hi), mid)
         s = xp.where(done, s, new)
         done = done | converged
-        if fixed_iter is None and bool(done.all()):
-            break
+        if fixed_iter is None:
+            left = ~done
+            count = int(left.sum())
+            if not count:
+                break
+            if isinstance(s, np.ndarray) and count <= COMPACT_AT * s.size and k + 1 < n:
+                return _newton_on(fun, edge, s, lo, hi, np.nonzero(left), iters=iters,
+                                  max_iter=n - k - 1)
     if fixed_iter is None:
         s = xp.where(done, s, math.nan)  # never an unconverged iterate as an edge
     return s, iters
 
 
-def _edge(fun: BandFunction, name: str, lo, hi, fixed_iter, tiny: bool, no_closed):
+def _newton_on(fun: BandFunction, edge: str, s, lo, hi, index, *, iters=None,
+               max_iter: int = MAX_ITER):
+    """numpy: :func:`newton_edge` on the elements ``index`` alone, from ``s``; returns ``s``
+    with those elements solved and their iterations (added to ``iters``).  Each element's
+    iteration depends on its own values only, so they are those of a solve of every
+    element, to the bit."""
+    sub = (np.broadcast_to(a, s.shape)[index] for a in (s, lo, hi))
+    part, n = newton_edge(fun.take(index), edge, *sub, max_iter=max_iter)
+    s = np.array(s, copy=True)
+    s[index] = part
+    iters = np.zeros(s.shape) if iters is None else np.array(iters, copy=True)
+    iters[index] += n
+    return s, iters
+
+
+def _edge(fun: BandFunction, name: str, lo, hi, fixed_iter, tiny: bool, no_closed, need):
     """One edge before saturation: closed form where there is one (and log p is not below
-    LP_CLOSED), Newton elsewhere; with how it was found and Newton's iterations."""
+    LP_CLOSED), Newton elsewhere; with how it was found and Newton's iterations.  ``need``:
+    the elements whose edge is read (on numpy, Newton runs on those alone; the others keep
+    the first guess, as the scalar form never solves them)."""
     xp = fun.xp
     zero = 0.0 * fun.x.lp
     k = fun.div.curvature
@@ -380,7 +426,11 @@ def _edge(fun: BandFunction, name: str, lo, hi, fixed_iter, tiny: bool, no_close
     near_one = xp.abs(small_band) * xp.maximum(1.0, fun.p_over_q)
     exact_band = near_one < SMALL_BAND_EXACT
     newton = None
-    if name not in fun.closed or tiny:
+    if (name not in fun.closed or tiny) and fixed_iter is None and isinstance(lo, np.ndarray):
+        want = need if name not in fun.closed else need & no_closed
+        index = np.nonzero(np.broadcast_to(want, small_band.shape))
+        newton, iters = _newton_on(fun, name, small_band, lo, hi, index)
+    elif name not in fun.closed or tiny:
         newton, iters = newton_edge(fun, name, small_band, lo, hi, fixed_iter=fixed_iter)
     if name not in fun.closed:
         s, how = newton, zero + NEWTON
@@ -426,19 +476,23 @@ def solve(div: Divergence, xp, inputs: Inputs, *, fixed_iter=None, tiny=None, at
         tiny = bool(no_closed.any())
 
     top = -x.lp
-    s_hi, how_hi, n_hi = _edge(fun, "upper", zero_s, top, fixed_iter, tiny, no_closed)
     sat_hi = fun.at_top() <= x.delta
+    sat_lo = fun.at_zero() <= x.delta
+    ordinary = (x.lp >= LP_TINY) & (x.lp != 0)  # (solved apart below)
+    s_hi, how_hi, n_hi = _edge(fun, "upper", zero_s, top, fixed_iter, tiny, no_closed,
+                               ordinary & ~sat_hi)
     s_hi = xp.where(sat_hi, top, xp.minimum(xp.maximum(s_hi, zero_s), top))
     s_lo, how_lo, n_lo = _edge(fun, "lower", zero_s - math.inf, zero_s, fixed_iter, tiny,
-                               no_closed)
-    sat_lo = fun.at_zero() <= x.delta
+                               no_closed, ordinary & ~sat_lo)
     s_lo = xp.where(sat_lo, -math.inf, xp.minimum(s_lo, zero_s))
     if trace:
         how_hi, n_hi = xp.where(sat_hi, float(SATURATED), how_hi), xp.where(sat_hi, 0.0, n_hi)
         how_lo, n_lo = xp.where(sat_lo, float(SATURATED), how_lo), xp.where(sat_lo, 0.0, n_lo)
     if tiny:
-        t_lo, t_hi, t_n = _solve_tiny(div, xp, x, fixed_iter, kernels)
         small = x.lp < LP_TINY
+        t_lo, t_hi, t_n = _solve_where(small, x, fixed_iter,
+                                       lambda part: _solve_tiny(div, xp, part, fixed_iter,
+                                                                kernels))
         s_lo, s_hi = xp.where(small, t_lo, s_lo), xp.where(small, t_hi, s_hi)
         if trace:
             how_lo, how_hi = (xp.where(small, float(TINY), h) for h in (how_lo, how_hi))
@@ -447,7 +501,8 @@ def solve(div: Divergence, xp, inputs: Inputs, *, fixed_iter=None, tiny=None, at
     if at_one is None:
         at_one = bool(one.any())
     if at_one:
-        a_lo, a_n = _solve_at_one(div, xp, x, fixed_iter, kernels)
+        a_lo, a_n = _solve_where(one, x, fixed_iter,
+                                 lambda part: _solve_at_one(div, xp, part, fixed_iter, kernels))
         s_lo = xp.where(one, a_lo, s_lo)
         s_hi = xp.where(one, zero_s, s_hi)
         if trace:
