@@ -41,13 +41,14 @@ TABLE = "table"
 #: numba, numpy or cvxpy: every element by the exact solver (closed form or safeguarded
 #: Newton, refined in extended precision where float64 cannot resolve a lower edge).
 EXACT = "exact"
-#: torch: a CPU tensor handed to the numba backend through a numpy view (which then takes
-#: one of the three paths above).
-NUMBA = "numba"
-#: torch: the tables read by torch operations on the tensor's device; the elements they
-#: leave are solved on the host after one synchronisation, or, where the call may not
-#: synchronise (traced, or captured in a CUDA graph), by the fixed-count solver on the device.
+#: torch: the tables read by torch operations on the tensor's device (the CPU included);
+#: the elements they leave are solved on the host by the numpy backend after one
+#: synchronisation, or, where the call may not synchronise (traced, or captured in a CUDA
+#: graph), by the fixed-count solver on the device.
 DEVICE_TABLE = "device-table"
+#: torch: a CPU tensor with a radius per element, handed to the numpy backend's exact
+#: solver through a zero-copy numpy view.
+HOST = "host"
 #: torch: the exact fixed-count solver on every element.
 DEVICE_SOLVER = "device-solver"
 #: The paths of each backend.
@@ -55,7 +56,7 @@ PATHS = {
     "numpy": (EXACT,),
     "cvxpy": (EXACT,),
     "numba": (CLOSED_PASS, TABLE, EXACT),
-    "torch": (NUMBA, DEVICE_TABLE, DEVICE_SOLVER),
+    "torch": (DEVICE_TABLE, HOST, DEVICE_SOLVER),
 }
 #: What an invalid element may do.
 INVALID = ("raise", "nan")
@@ -65,20 +66,16 @@ INVALID = ("raise", "nan")
 class Plan:
     """The whole decision for one call.
 
-    ``backend`` and ``path``: who computes it and how (:data:`PATHS`).  ``inner``: on the
-    torch ``numba`` path, the numba path its numpy view takes.  ``sync``: on the torch
-    device paths, whether the call may wait for the device, once: to count and solve on
-    the host what the tables leave (``device-table``), and to skip the solver branches no
-    element needs (``device-solver``); a traced or captured call may not, and does both
-    on the device.  ``host``: on ``device-table`` with ``sync``, the numba path that
-    solves the tables' leftovers on the host.
+    ``backend`` and ``path``: who computes it and how (:data:`PATHS`).  ``sync``: on the
+    torch device paths, whether the call may wait for the device, once: to count and solve
+    on the host what the tables leave (``device-table``), and to skip the solver branches
+    no element needs (``device-solver``); a traced or captured call may not, and does both
+    on the device.
     """
 
     backend: str
     path: str
-    inner: str | None = None
     sync: bool = True
-    host: str | None = None
 
 
 def plan(div: Divergence, p: Any, delta: Any, *, backend: str = "auto", logp: bool,
@@ -99,12 +96,12 @@ def plan(div: Divergence, p: Any, delta: Any, *, backend: str = "auto", logp: bo
     numba     otherwise (per-element ``delta``, a scalar ``p``, other dtypes,      exact
               an invalid ``delta``)
     torch     ``path`` given (tests, benchmarks): that path, if it applies         ``path``
-    torch     floating CPU tensor, ``delta`` not on another device, numba          numba
-              installed, not being traced by ``torch.compile``
     torch     floating tensor with values (not meta), one valid scalar ``delta``    device-table
-              (a number on the host), a device with float64 (not MPS), numba
-              installed (it builds the tables)
-    torch     otherwise (per-element ``delta`` tensor, MPS, no numba)              device-solver
+              (a number on the host), a device with float64 (not MPS); the CPU
+              included
+    torch     floating CPU tensor, ``delta`` not on another device, not being      host
+              traced by ``torch.compile``
+    torch     otherwise (per-element ``delta`` on a device, MPS, traced)           device-solver
     ========  ==================================================================  ==============
 
     On the torch device paths, ``sync`` is False while ``torch.compile`` traces the call
@@ -128,7 +125,7 @@ def plan(div: Divergence, p: Any, delta: Any, *, backend: str = "auto", logp: bo
     if backend != "torch":
         return Plan(backend, EXACT)
     _module("torch")  # (without torch: an error that names the extra to install)
-    reasons = {NUMBA: _why_not_numba(p, delta), DEVICE_TABLE: _why_not_device_table(p, delta),
+    reasons = {DEVICE_TABLE: _why_not_device_table(p, delta), HOST: _why_not_host(p, delta),
                DEVICE_SOLVER: None}
     if path is None:
         path = next(name for name, why in reasons.items() if why is None)
@@ -136,20 +133,13 @@ def plan(div: Divergence, p: Any, delta: Any, *, backend: str = "auto", logp: bo
         raise BandError(f"unknown path {path!r} for torch; choose one of {PATHS['torch']}")
     elif reasons[path] is not None:
         raise BandError(f"path {path!r} does not apply: {reasons[path]}")
-    if path == NUMBA:  # decided on what the numba backend will see (a CPU delta is read)
-        view = np.empty(0 if p.numel() == 0 else 1,
-                        np.float32 if p.dtype == _torch().float32 else np.float64)
-        radius = delta.detach().double().numpy() if is_tensor(delta) else delta
-        return Plan("torch", NUMBA, inner=_numba_path(div, view, radius, logp=logp, log=log))
+    if path == HOST:
+        return Plan("torch", HOST)
     device = p.device if is_tensor(p) else "cpu"  # (a float or an array: a CPU tensor)
     sync = not (must_not_sync(device) if sync_free is None else sync_free)
     if is_tensor(p) and p.is_meta:  # no values to wait for
         sync = False
-    host = None
-    if path == DEVICE_TABLE and sync:  # the leftovers, on the host, in p's precision
-        view = np.empty(1, np.float32 if p.dtype == _torch().float32 else np.float64)
-        host = _numba_path(div, view, delta, logp=logp, log=log)
-    return Plan("torch", path, sync=sync, host=host)
+    return Plan("torch", path, sync=sync)
 
 
 def _numba_path(div, p, delta, *, logp: bool, log: bool) -> str:
@@ -204,13 +194,11 @@ def _run(chosen: Plan, div, p, delta, options: dict, capacity):
         return module.PATHS[chosen.path](div, p, delta, **options)
     if chosen.backend != "torch":
         return module.exact(div, p, delta, **options)
-    if chosen.path == NUMBA:
-        numba_backend = _module("numba")
+    if chosen.path == HOST:
         x, radius, back = module.to_numpy(p, delta)
-        return back(*numba_backend.PATHS[chosen.inner](div, x, radius, **options))
+        return back(*_module("numpy").exact(div, x, radius, **options))
     if chosen.path == DEVICE_TABLE:
-        host = _module("numba").PATHS[chosen.host] if chosen.host else None
-        return module.device_table(div, p, scalar_delta(delta), sync=chosen.sync, host=host,
+        return module.device_table(div, p, scalar_delta(delta), sync=chosen.sync,
                                    size=capacity, **options)
     return module.device_solver(div, p, delta, probe=chosen.sync, **options)
 
@@ -253,14 +241,12 @@ def _is_float_tensor(x: Any) -> bool:
     return is_tensor(x) and x.is_floating_point()
 
 
-def _why_not_numba(p, delta) -> str | None:
-    """Why a CPU tensor cannot go to numba (None: it can)."""
+def _why_not_host(p, delta) -> str | None:
+    """Why a tensor cannot go to the numpy backend through a view (None: it can)."""
     if not _is_float_tensor(p) or p.device.type != "cpu":
         return "p is not a floating-point CPU tensor"
     if is_tensor(delta) and delta.device.type != "cpu":
         return "delta is on another device"
-    if not _numba_usable():
-        return "numba is not installed"
     if _torch().compiler.is_compiling():
         return "torch.compile is tracing the call"
     return None
@@ -277,6 +263,4 @@ def _why_not_device_table(p, delta) -> str | None:
         return "delta is not one valid number (a radius per element takes the solver)"
     if work_dtype(p.device) != _torch().float64:
         return f"{p.device.type} has no float64 (the tables are read in float64)"
-    if not _numba_usable():
-        return "numba is not installed (it builds the tables)"
     return None

@@ -55,6 +55,16 @@ from fbands._band_function import (  # noqa: F401  (LN2, LP_TINY ...: the method
     _lower_tail,
     log1mexp,
 )
+from fbands._roots import (  # noqa: F401  (the closed forms' names, for both forms)
+    NEAR_DOUBLE,
+    NEGATIVE_DISC,
+    Y_RESOLUTION,
+    lower_root,
+    newton_step,
+    real_roots,
+    smallest_positive,
+    upper_root,
+)
 
 if TYPE_CHECKING:
     from fbands.divergences import Divergence
@@ -97,14 +107,6 @@ GEOMETRIC_SPLIT = 4.0
 #: The lower edge's first guess switches from ``log(1 - w)`` (small delta) to the tail of f at
 #: 0 once the chi-square half-width ``w`` reaches this (log(1 - w) is far off, or undefined).
 TAIL_SWITCH = 0.5
-#: A discriminant above ``-NEGATIVE_DISC a1^2`` is a double root rounded below zero.
-NEGATIVE_DISC = 1e-12
-#: Roots are ill-conditioned (polished by a Newton step on g) when the discriminant is below
-#: ``NEAR_DOUBLE a1^2`` (they agree to about a decimal digit).
-NEAR_DOUBLE = 1e-2
-#: A lower edge ``r = 1 - y`` this close to 0 is below the resolution of ``y``: Newton on the
-#: form in ``r`` starts from 0 (one step is exact to ``O(r)``; neyman_chi2 at ``p = 1e-17``).
-Y_RESOLUTION = 4 * 2.0**-52
 #: An upper closed-form root up to this factor past ``r = 1/p`` is kept (and clamped): the
 #: rounding of the polynomial's coefficients can push an edge at saturation slightly past.
 TOP_SLACK = 1.01
@@ -179,81 +181,6 @@ def _solve_tiny(div: Divergence, xp, x: Inputs, fixed_iter, kernels=None):
         s_lo = _lower_tail(div, xp, x)
         s_lo = zero + math.nan if s_lo is None else s_lo
     return s_lo, s_hi, n
-
-
-def real_roots(xp, a2, a1, a0, zero):
-    """Both real roots of ``a2 v^2 + a1 v + a0`` without cancellation, and whether they are
-    ill-conditioned (nearly equal: the discriminant below :data:`NEAR_DOUBLE` ``a1^2``).
-
-    ``t = -(a1 + sign(a1) sqrt(disc)) / 2`` adds numbers of one sign; the roots are ``t / a2``
-    and ``a0 / t`` (Vieta), nan where they are complex (a discriminant above
-    ``-NEGATIVE_DISC a1^2`` is a double root rounded below zero).  ``zero``: which of
-    ``(a2, a1)`` vanish identically in the form (:attr:`fbands.symbolic.ClosedForm.zero`),
-    static facts: a linear form gives its root twice, an even one ``+-sqrt(-a0 / a2)``.
-    Each division by ``a2`` or ``a1`` is a product with its reciprocal, which the compiled
-    pass shares between the forms (``1 / p`` for tv and chi2).  The scalar form,
-    :func:`fbands._jit.scalar.real_roots_one`, is the same formula.
-    """
-    if zero[0]:
-        v = -a0 * (1.0 / a1)
-        return v, v, v < v  # (all False)
-    if zero[1]:
-        v = xp.sqrt(-a0 * (1.0 / a2))
-        return v, -v, v < v
-    disc = a1 * a1 - 4.0 * a2 * a0
-    root = xp.sqrt(xp.where(disc >= -NEGATIVE_DISC * a1 * a1, xp.maximum(disc, 0.0 * disc),
-                            math.nan))
-    t = -0.5 * (a1 + xp.where(a1 >= 0, root, -root))
-    return t * (1.0 / a2), a0 / t, disc < NEAR_DOUBLE * a1 * a1
-
-
-def newton_step(a2, a1, a0, v, zero):
-    """The Newton step ``P(v) / P'(v)`` of ``P = a2 v^2 + a1 v + a0`` (a linear ``P``: the
-    distance to its root, through the reciprocal that :func:`real_roots` takes)."""
-    if zero[0]:
-        return (a1 * v + a0) * (1.0 / a1)
-    return ((a2 * v + a1) * v + a0) / (2.0 * a2 * v + a1)
-
-
-def smallest_positive(xp, v1, v2):
-    """The smaller of the positive ones of ``v1``, ``v2`` (inf where neither is)."""
-    return xp.minimum(xp.where(v1 > 0, v1, math.inf), xp.where(v2 > 0, v2, math.inf))
-
-
-def upper_root(xp, form, p, q, delta):
-    """The upper edge from its unsquared closed form in ``y = r - 1``: ``(y, ill)``, the
-    smallest positive root (inf where there is none: saturated; a root past ``q / p`` is
-    clamped by the caller), the one nearest ``r = 1``, where ``g`` increases from 0."""
-    (c2, c1, c0), _, zero = form
-    y1, y2, ill = real_roots(xp, c2(p, q, delta), c1(p, q, delta), c0(p, q, delta), zero)
-    return smallest_positive(xp, y1, y2), ill
-
-
-def lower_root(xp, form_y, form_r, p, q, delta, polish: bool = True):
-    """The lower edge from its unsquared closed forms: ``(r, y, ill)``.
-
-    The smallest positive root ``y`` of the form in ``y = 1 - r`` (none, or one at
-    ``y >= 1``: saturated, ``r <= 0``) gives ``r`` without cancellation near 1, and
-    ``log1p(-y)`` its log-edge with every digit of a small ``y``.  Below ``r = 1/2`` its
-    absolute error of an ulp of 1 is too much for a small edge, and one Newton step on the
-    form in ``r`` (``polish``) brings it to that form's own accuracy; from ``r = 0`` where
-    ``y`` cannot tell the edge from 0 (:data:`Y_RESOLUTION`).  ``ill``: either form is
-    ill-conditioned where it is used.  The closed-form pass uses the scalar form of this
-    routine (:func:`fbands._jit.scalar.lower_root_one`), ``polish`` for float64 output only.
-    """
-    (b2, b1, b0), _, zero_y = form_y
-    y1, y2, ill = real_roots(xp, b2(p, q, delta), b1(p, q, delta), b0(p, q, delta), zero_y)
-    y = smallest_positive(xp, y1, y2)
-    r = 1.0 - y
-    if not polish:
-        return r, y, ill
-    (c2, c1, c0), _, zero = form_r
-    a2, a1, a0 = (c(p, q, delta) + 0.0 * p for c in (c2, c1, c0))
-    below_half, unresolved = r < 0.5, xp.abs(r) <= Y_RESOLUTION
-    start = xp.where(unresolved, 0.0 * r, xp.where(r > 0, r, 0.25))
-    step = below_half & ((r > 0) | unresolved)
-    ill = ill | (below_half & real_roots(xp, a2, a1, a0, zero)[2])
-    return xp.where(step, start - newton_step(a2, a1, a0, start, zero), r), y, ill
 
 
 def _squared_edge(fun: BandFunction, edge: str):

@@ -360,8 +360,8 @@ PATH_TABLE = [
     ("numba", "kl", lambda: F64, -1.0, False, False, "exact"),  # invalid radius: raises there
     ("numba", "kl", lambda: 0.3, 0.05, False, False, "exact"),  # a scalar p
     ("numba", "kl", lambda: F64.astype(np.float16), 0.05, False, False, "exact"),
-    ("torch", "kl", lambda: _tensor(F64), 0.05, False, False, "numba"),  # a CPU tensor
-    ("torch", "kl", lambda: _tensor(F64), _tensor([0.05] * 5), False, False, "numba"),
+    ("torch", "kl", lambda: _tensor(F64), 0.05, False, False, "device-table"),  # a CPU tensor
+    ("torch", "kl", lambda: _tensor(F64), _tensor([0.05] * 5), False, False, "host"),
     ("torch", "kl", lambda: _tensor(F64, device="meta"), 0.05, False, False, "device-solver"),
     ("torch", "kl", lambda: F64, 0.05, False, False, "device-solver"),  # not a tensor
     ("torch", "kl", lambda: _tensor([1, 2]), 0.05, False, False, "device-solver"),  # integers
@@ -386,4 +386,4 @@ def test_choose_path_forces_torch_paths_only_where_they_apply():
     with pytest.raises(fbands.BandError, match="does not apply: delta is not one valid number"):
         choose("torch", kl, p, p, logp=False, log=False, path="device-table")
     with pytest.raises(fbands.BandError, match="does not apply: p is not a floating-point CPU"):
-        choose("torch", kl, F64, 0.05, logp=False, log=False, path="numba")
+        choose("torch", kl, F64, 0.05, logp=False, log=False, path="host")

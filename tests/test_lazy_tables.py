@@ -9,6 +9,7 @@ import pytest
 import fbands
 
 nb = pytest.importorskip("fbands.backends.numba_backend")
+from fbands.tables import kernels  # noqa: E402
 from fbands.tables import layout as _table_layout  # noqa: E402
 from fbands.tables.build import TableSet  # noqa: E402
 from fbands.tables.cache import TABLES  # noqa: E402
@@ -66,7 +67,9 @@ def test_a_cell_built_alone_equals_the_complete_tables(fresh):
     d = fbands.get("kl")
     ts = TABLES.table_set(d, 0.05, "float32")
     p = np.linspace(0.3, 0.31, 100).astype(np.float32)
-    ts.cover(p, False)
+    touched = np.zeros(ts.built.size, dtype=np.uint8)
+    kernels.touched_cells(p, False, ts.kbits, 0.0, touched)
+    ts.cover(touched.view(bool))
     partial = ts.modes
     full = TableSet(d, 0.05, "float32").complete()
     out = {}
@@ -114,3 +117,26 @@ def test_a_radius_that_comes_back_gets_every_cell(fresh):
     finally:
         TableSet._add = built
     assert TABLES.table_set(d, delta, "float64").is_complete
+
+
+@pytest.mark.parametrize("logp", [False, True])
+@pytest.mark.parametrize("kbits", [4, 6])
+def test_cell_mask_marks_the_cells_of_the_numba_scan(logp, kbits):
+    """The array form of the cell scan (torch operations: what a torch call's first use of a
+    radius builds) and its scalar twin in the numba kernels mark the same cells, invalid
+    input, p = 0, p = 1 and the tails included."""
+    import math
+
+    torch = pytest.importorskip("torch")
+    from fbands._solver import LP_CLOSED
+    from fbands.tables import torch_reader
+
+    gen = np.random.default_rng(kbits)
+    lp = np.concatenate((-np.exp(gen.uniform(-40, 6, 5000)), [0.0, -np.inf, np.nan, 1.0,
+                                                              -160.0, -1e-300]))
+    x = lp if logp else np.exp(lp)
+    closed = LP_CLOSED if logp else math.exp(LP_CLOSED)
+    touched = np.zeros(_table_layout.cell_count(kbits), dtype=np.uint8)
+    kernels.touched_cells(x, logp, kbits, closed, touched)
+    got = torch_reader.cells_reached(torch.from_numpy(x), logp, kbits)
+    np.testing.assert_array_equal(got, touched.view(bool))

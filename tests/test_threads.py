@@ -45,8 +45,9 @@ FRESH = textwrap.dedent("""
     small = torch.log(torch.from_numpy(gen.uniform(1e-4, 1, 8192)).float())
     exact_p, exact_delta = gen.uniform(0.01, 1, 800), np.linspace(0.01, 0.2, 800)
     large = gen.uniform(1e-6, 1, 2_000_000)
-    for delta in (0.05, 0.07):  # compile or load, build the cells (worth threads)
+    for delta in (0.05, 0.07):  # compile or load, build the cells and tables
         fbands.log_bounds(small, delta, "kl", logp=True)
+        fbands.bounds(exact_p, exact_delta, "kl")
     time.sleep(0.5)  # (workers that spin after a region stop within milliseconds)
 
     def run(calls, seconds=0.6):
@@ -123,3 +124,38 @@ def test_concurrent_calls_from_threads_agree(n):
     for table, exact in got:
         for a, b in zip((*table, *exact), (*want, *want_exact), strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+TENSORS_ONLY = textwrap.dedent("""
+    import sys
+    import numpy as np, torch
+    import fbands
+    from fbands.losses import policy_loss, precompute_band, preset
+
+    gen = torch.Generator().manual_seed(0)
+    logp_old = torch.log(torch.rand(4, 64, generator=gen, dtype=torch.float64))
+    mask = (torch.rand(4, 64, generator=gen) > 0.3).float()
+    for delta in (0.05, 0.05, 0.05, 0.07):  # a new radius, its complete tables, a change
+        fbands.log_bounds(logp_old.float(), delta, "kl", logp=True)
+        fbands.bounds(logp_old.exp(), delta, "tv")
+    fbands.bounds(logp_old.exp(), torch.full((4, 64), 0.05), "chi2")  # a radius per token
+    p = logp_old.exp().requires_grad_()
+    sum(fbands.bounds(p, 0.05, "hellinger")).sum().backward()  # gradients
+    for name in ("band-kl", "band-mask-tv", "clip"):
+        cfg = preset(name, delta=0.05)
+        logp = (logp_old + 0.1).clamp(max=0).requires_grad_()
+        loss, _ = policy_loss(logp_old, logp, torch.ones(4, 1), mask, cfg,
+                              precompute_band(logp_old, cfg, mask=mask))
+        loss.backward()
+    print(sorted(m for m in sys.modules if m == "numba" or m.startswith("numba.")))
+""")
+
+
+def test_tensors_never_load_numba():
+    """Every torch path runs torch's operations and numpy on the host: a training process
+    (the losses, bands of every kind on CPU tensors, gradients) loads no numba, so it has
+    no worker pool of fbands' to compete with its own threads, and no compiler in memory."""
+    proc = subprocess.run([sys.executable, "-c", TENSORS_ONLY], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stdout

@@ -298,7 +298,7 @@ def test_check_does_not_choose_the_path(monkeypatch):
 
     def spy(*args, **kwargs):  # the paths of each plan: torch's, and numba's under it
         got = original(*args, **kwargs)
-        seen.extend(path for path in (got.path, got.inner) if path is not None)
+        seen.append(got.path)
         return got
 
     monkeypatch.setattr(bands, "plan", spy)
@@ -306,12 +306,12 @@ def test_check_does_not_choose_the_path(monkeypatch):
     runs = {}
     for check in (True, False):
         seen.clear()
-        fbands.bounds(p, 0.05, "tv", check=check)  # a CPU tensor: numba, then its closed pass
-        fbands.bounds(p, torch.full((100,), 0.05), "kl", check=check)  # per-token: exact
+        fbands.bounds(p, 0.05, "tv", check=check)  # a CPU tensor: the tables
+        fbands.bounds(p, torch.full((100,), 0.05), "kl", check=check)  # per-token: on the host
         _call(False, p, 0.05, "kl", path="device", check=check)  # CUDA's path
         runs[check] = list(seen)
     assert runs[True] == runs[False] == [
-        "numba", "closed-pass", "numba", "exact", "device-table"]
+        "device-table", "host", "device-table"]
 
 
 def test_forced_paths_say_why_they_do_not_apply():
@@ -320,8 +320,8 @@ def test_forced_paths_say_why_they_do_not_apply():
         _call(False, p, torch.tensor([0.1, 0.2]), path=bands.DEVICE_TABLE)
     with pytest.raises(fbands.BandError, match="unknown path 'gpu'"):
         _call(False, p, 0.1, path="gpu")
-    with pytest.raises(fbands.BandError, match="path 'numba' does not apply"):
-        _call(False, p.to("meta"), 0.1, path=bands.NUMBA, check=False)
+    with pytest.raises(fbands.BandError, match="path 'host' does not apply"):
+        _call(False, p.to("meta"), 0.1, path=bands.HOST, check=False)
 
 
 class _Syncs:

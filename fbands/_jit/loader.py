@@ -6,7 +6,8 @@ leaves (:func:`fbands._jit.codegen.leaves_source`) beside byte copies of
 needs: its on-disk cache (``cache=True``) is keyed by source file, so one file compiled
 against the leaves of several divergences would mix their machine code.  The folder's name
 is a hash of every text the compiled code depends on (the three files, and
-:mod:`fbands._jit.prims`, :mod:`fbands._solver` and :mod:`fbands._band_function`, whose
+:mod:`fbands._jit.prims`, :mod:`fbands._solver`, :mod:`fbands._roots` and
+:mod:`fbands._band_function`, whose
 names they import), so a change to
 any of them compiles afresh, and a second process loads the machine code from disk.
 
@@ -35,7 +36,7 @@ from types import ModuleType
 import numba
 from numba.core import event as _numba_event
 
-from fbands import _band_function, _cache, _notice, _solver
+from fbands import _band_function, _cache, _notice, _roots, _solver
 from fbands._jit import codegen, prims
 
 __all__ = ["Kernels", "cache_dir", "kernels", "package_files", "python_kernels"]
@@ -44,7 +45,7 @@ _HERE = Path(__file__).resolve().parent
 #: The modules compiled against the leaves, in import order.
 COMPILED = ("scalar", "closed_pass")
 #: Files whose text the compiled code depends on besides those of the package.
-_DEPENDS = tuple(Path(m.__file__) for m in (prims, _solver, _band_function))
+_DEPENDS = tuple(Path(m.__file__) for m in (prims, _solver, _roots, _band_function))
 
 
 @dataclass(frozen=True)

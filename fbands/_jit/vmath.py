@@ -15,17 +15,14 @@ from numba import njit
 
 from fbands._jit import disk_cache
 from fbands._jit.prims import INLINE
+from fbands.tables.layout import EXP_BIAS, MANT_BITS
 
 __all__ = ["vexp", "vlog", "p_and_z", "LN2"]
 
-#: Stored mantissa bits of a float64 (the fraction field).
-MANT_BITS = 52
-#: Exponent bias of a float64: the exponent field of 1.0.
-EXP_BIAS = 1023
 
 # ----------------------------------------------------------------------------- float64 format
-# Constants of the float64 bit tricks in vexp and vlog (the float format, which the table
-# layout, fbands.tables.layout, reads its cells from too).
+# Constants of the float64 bit tricks in vexp and vlog (the float format's own, MANT_BITS and
+# EXP_BIAS, are the table layout's, fbands.tables.layout, which reads its cells from them).
 
 #: ln 2 split in two so that ``k * LN2_HI`` is exact for the ``|k| <= 1100`` of vexp.
 LN2_HI = 6.93147180369123816490e-01

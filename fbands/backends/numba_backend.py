@@ -28,12 +28,14 @@ import math
 import numba  # noqa: F401  (the import error tells fbands that this backend is unusable)
 import numpy as np
 
+from fbands import _solver
 from fbands._inputs import NumpyInputs, check_values, invalid_masks
 from fbands._jit import loader, threads
 from fbands._jit.prims import BLOCK, unfinished
 from fbands._solver import LP_CLOSED, Inputs
+from fbands.backends import numpy_backend
 from fbands.tables import kernels as table_kernels
-from fbands.tables.build import LAYOUTS, Table, exact_log_edges
+from fbands.tables.build import LAYOUTS, Table
 from fbands.tables.cache import TABLES
 
 __all__ = ["PATHS", "closed_pass", "exact", "table"]
@@ -77,7 +79,10 @@ def table(div, p, delta, *, logp, invalid, check, log):
         if ts.met:  # a radius that comes back: every cell, once
             ts = TABLES.complete_set(div, d, layout)
         else:  # a radius new to this process: only the cells its data reaches
-            ts.cover(x, logp)
+            touched = np.zeros(ts.built.size, dtype=np.uint8)
+            with threads.sized(x.size, "touch"):
+                table_kernels.touched_cells(x, bool(logp), ts.kbits, closed, touched)
+            ts.cover(touched.view(bool))
             ts.met = True
     idx = _read(ts.modes[bool(log)], x, logp, log, closed, at_one, out_lo, out_hi)
     return _finish(div, p, d, x, idx, out_lo, out_hi, logp=logp, invalid=invalid, check=check,
@@ -118,6 +123,19 @@ def _finish(div, p, d, x, idx, out_lo, out_hi, *, logp, invalid, check, log):
         out_lo[idx], out_hi[idx] = exact(div, sub, d, logp=logp, invalid="nan", check=False,
                                          log=log)
     return out_lo.reshape(p.shape), out_hi.reshape(p.shape)
+
+
+def exact_log_edges(div, x: _solver.Inputs, refine: float, *, from_logp: bool):
+    """Exact log-edges of prepared flat float64 inputs: the compiled scalar solver
+    (:mod:`fbands._jit.scalar`), then the lower edges that float64 cannot resolve redone in
+    extended precision (:func:`fbands.backends.numpy_backend.refine_near_saturation`,
+    above the error ``refine``)."""
+    lo, hi = np.empty_like(x.lp), np.empty_like(x.lp)
+    with threads.sized(lo.size, "exact"):
+        loader.kernels(div).solve_arrays(x.lp, x.lq, x.p, x.q, x.delta, lo, hi)
+    with np.errstate(all="ignore"):
+        lo = numpy_backend.refine_near_saturation(div, x, lo, from_logp=from_logp, above=refine)
+    return lo, hi
 
 
 def exact(div, p, delta, *, logp, invalid, check, log):

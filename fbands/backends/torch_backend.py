@@ -4,26 +4,29 @@ Which way a call is computed is decided by :func:`fbands._dispatch.plan` (the ta
 its docstring and in the docs' implementation notes); this module carries out the three
 torch paths, and :func:`fbands._dispatch.compute` calls them:
 
-* ``numba``: a CPU tensor is handed to the numba backend (:mod:`.numba_backend`) through a
-  zero-copy numpy view (bf16 and fp16 through a float64 copy): on a CPU its passes are much
-  faster than elementwise torch kernels, and they agree with them to 1e-12.
-* ``device-table`` (a tensor and one scalar ``delta``: the usual call on a GPU): the
-  interpolation tables of the (divergence, delta) pair (:mod:`fbands.tables`), copied to the
-  device once, are read with torch operations (:mod:`fbands.tables.torch_reader`: bit
-  fields, gathers and two Horner chains, a few dozen elementwise kernels).  The elements the
-  tables leave (rows marked exact, ``log p < LP_CLOSED``) are solved in one of two ways.
-  Eagerly, one synchronisation counts them (and, with ``check=True``, the invalid input),
-  and the numba backend solves them on the host (:func:`_fix_up_on_host`): a count and two
-  small copies, where the fixed-count solver costs tens of thousands of kernel launches.  An
-  eager call reads a radius's tables as far as they are built
-  (:func:`fbands.tables.torch_reader.device_table`), and the host fix-up builds the cells
-  its leftovers reach; from the radius's second call on, it reads the complete tables.
+* ``device-table`` (a tensor and one scalar ``delta``: the usual call, on a GPU and on
+  the CPU alike): the interpolation tables of the (divergence, delta) pair
+  (:mod:`fbands.tables`), copied to the device once, are read with torch operations
+  (:mod:`fbands.tables.torch_reader`: bit fields, gathers and two Horner chains, a few
+  dozen elementwise kernels).  The elements the tables leave (rows marked exact,
+  ``log p < LP_CLOSED``) are solved in one of two ways.  Eagerly, one synchronisation
+  counts them (and, with ``check=True``, the invalid input), and the numpy backend solves
+  them on the host (:func:`_fix_up_on_host`): a count and two small copies, where the
+  fixed-count solver costs tens of thousands of kernel launches.  A radius's first call
+  builds the cells its data reaches (one more copy to the host: which cells), so that
+  every call answers with the same bits; from its second call on, the call reads the
+  complete tables (loaded from the disk cache, or built there once).  Nothing on this
+  path imports numba: a training process keeps no compiler and no worker threads of
+  fbands'.
   While ``torch.compile`` traces the call or a CUDA graph is captured
   (:func:`fbands._dispatch.must_not_sync`), nothing synchronises: the leftovers are gathered
   by ``torch.nonzero_static`` into a buffer of static size :func:`capacity` and solved by
   the fixed-count solver on the device (:func:`_fix_up`); should more elements need it than
   the buffer holds, those beyond it get nan (never a silently wrong edge).
-* ``device-solver`` (a per-token ``delta`` tensor, MPS, no numba): the shared solver
+* ``host`` (a CPU tensor with a ``delta`` per element): the numpy backend's exact solver
+  on a zero-copy numpy view (bf16 and fp16 through a float64 copy).
+* ``device-solver`` (a per-token ``delta`` tensor on a device, MPS, a traced CPU call): the
+  shared solver
   (:mod:`fbands._solver`) on every element, bound to torch through
   :class:`TorchNamespace`, with a fixed number of Newton steps (:data:`NEWTON_STEPS`)
   instead of a data-dependent stop: a fixed graph of elementwise kernels, with no host
@@ -74,6 +77,7 @@ from fbands._inputs import (
     work_dtype,
 )
 from fbands._solver import BandFunction, Inputs, solve
+from fbands.backends import numpy_backend
 from fbands.errors import BandError
 from fbands.tables import torch_reader
 from fbands.tables.cache import TABLES
@@ -179,10 +183,10 @@ def solve_log_edges(div, x: Inputs, *, tiny: bool = True, at_one: bool = True):
 
 
 def to_numpy(p, delta):
-    """The ``numba`` path's way to the numba backend and back: ``(x, radius, back)``, a
+    """The ``host`` path's way to the numpy backend and back: ``(x, radius, back)``, a
     numpy view of the CPU tensor ``p`` (bf16 and fp16, which numpy lacks, through float64,
     so that their edges are rounded once), ``delta`` on the host, and the function that
-    turns the numba backend's edges into tensors of ``p``'s dtype."""
+    turns the numpy backend's edges into tensors of ``p``'s dtype."""
     native = p.dtype in (torch.float32, torch.float64)
     x = (p.detach() if native else p.detach().to(torch.float64)).numpy()
     if isinstance(delta, torch.Tensor):
@@ -368,13 +372,12 @@ def device_solver(div, p, delta, *, logp, invalid, check, log, probe: bool):
         return x.finish(lo, hi, log=log)
 
 
-def device_table(div, p, d: float, *, logp, invalid, check, log, sync: bool, host=None,
-                 size=None):
+def device_table(div, p, d: float, *, logp, invalid, check, log, sync: bool, size=None):
     """The ``device-table`` path: every element read from the tables, then the exact
     solver on the elements they leave (see the module docstring).
 
     ``sync``: one synchronisation counts the leftovers (and the invalid elements, to raise
-    when ``check``), and ``host``, a path of the numba backend, solves them on the host.
+    when ``check``), and the numpy backend solves them on the host.
     Otherwise they go to the fixed-count solver on the device through a buffer of static
     ``size`` (default :func:`capacity`), and any beyond it get nan; ``check``
     then synchronises once to validate, and nothing else.
@@ -382,6 +385,9 @@ def device_table(div, p, d: float, *, logp, invalid, check, log, sync: bool, hos
     layout = "float64" if p.dtype == torch.float64 else "float32"
     with torch.no_grad():
         x = p.detach().reshape(-1).to(torch.float64)
+        ts = TABLES.table_set(div, d, layout)
+        if sync and not (ts.met or ts.is_complete):  # a radius new to the process
+            ts.cover(torch_reader.cells_reached(x, logp, ts.kbits))
         tab = torch_reader.device_table(div, d, layout, bool(log), x.device, complete=not sync)
         if not sync:
             _kernels(div, torch.float64)  # bound eagerly: what the sync-free fix-up runs
@@ -396,9 +402,9 @@ def device_table(div, p, d: float, *, logp, invalid, check, log, sync: bool, hos
                 raise_invalid(bad.reshape(p.shape), x.reshape(p.shape), False, d, logp)
         if sync:
             if n_more:
-                lo, hi = _fix_up_on_host(div, x, lo, hi, more, d, host=host, logp=logp,
-                                         log=log, dtype=p.dtype)
-            TABLES.table_set(div, d, layout).met = True  # the next call: complete tables
+                lo, hi = _fix_up_on_host(div, x, lo, hi, more, d, logp=logp, log=log,
+                                         dtype=p.dtype)
+            ts.met = True  # the next call: complete tables
         else:
             size = capacity(x.numel()) if size is None else min(int(size), x.numel())
             if size < x.numel():
@@ -431,17 +437,16 @@ def _fix_up(div, x, d: float, lo, hi, more, size: int, *, logp, log):
     return lo, hi
 
 
-def _fix_up_on_host(div, x, lo, hi, more, d: float, *, host, logp, log, dtype):
-    """``lo, hi`` with every element marked ``more`` solved on the host by ``host``, a
-    path of the numba backend (after the call's synchronisation: a copy of those few
-    elements each way, where the device's fixed-count solver costs thousands of kernel
-    launches).  On a radius's first call the numba table path builds the cells they fall
-    in as it solves them."""
+def _fix_up_on_host(div, x, lo, hi, more, d: float, *, logp, log, dtype):
+    """``lo, hi`` with every element marked ``more`` solved on the host by the numpy
+    backend's exact solver (after the call's synchronisation: a copy of those few elements
+    each way, where the device's fixed-count solver costs thousands of kernel launches)."""
     idx = torch.nonzero(more).reshape(-1)
     sub = x[idx].cpu().numpy()  # float64: p's values exactly
     # float32 p: its own layout's tables; others in float64, rounded once
     work = sub.astype(np.float32) if dtype == torch.float32 else sub
-    s_lo, s_hi = host(div, work, d, logp=logp, invalid="nan", check=False, log=log)
+    s_lo, s_hi = numpy_backend.exact(div, work, d, logp=logp, invalid="nan", check=False,
+                                     log=log)
     lo = lo.index_put((idx,), torch.from_numpy(s_lo).to(lo.device, lo.dtype))
     hi = hi.index_put((idx,), torch.from_numpy(s_hi).to(hi.device, hi.dtype))
     return lo, hi

@@ -26,12 +26,10 @@ import threading
 import numpy as np
 
 from fbands import _solver
-from fbands._jit import loader, threads
 from fbands.backends import numpy_backend
-from fbands.tables import kernels
 from fbands.tables import layout as L
 
-__all__ = ["LAYOUTS", "Table", "TableSet", "build_tables", "exact_log_edges"]
+__all__ = ["LAYOUTS", "Table", "TableSet", "build_tables"]
 
 #: Accuracy of the tables per output precision (their cells, :data:`.layout.KBITS`,
 #: follow from it): ``tol``, what a row must reach between its nodes (ratios: relative
@@ -53,19 +51,6 @@ LAYOUTS = {
     "float32": {"kbits": L.KBITS["float32"], "tol": 1e-10, "refine": 1e-9,
                 "small_edge": 1e-6, "zero_below": 2.0**-151},
 }
-
-
-def exact_log_edges(div, x: _solver.Inputs, refine: float, *, from_logp: bool):
-    """Exact log-edges of prepared flat float64 inputs: the compiled scalar solver
-    (:mod:`fbands._jit.scalar`), then the lower edges that float64 cannot resolve redone in
-    extended precision (:func:`fbands.backends.numpy_backend.refine_near_saturation`,
-    above the error ``refine``)."""
-    lo, hi = np.empty_like(x.lp), np.empty_like(x.lp)
-    with threads.sized(lo.size, "exact"):
-        loader.kernels(div).solve_arrays(x.lp, x.lq, x.p, x.q, x.delta, lo, hi)
-    with np.errstate(all="ignore"):
-        lo = numpy_backend.refine_near_saturation(div, x, lo, from_logp=from_logp, above=refine)
-    return lo, hi
 
 
 class Table:
@@ -93,18 +78,18 @@ class Table:
 
 
 def _solve_z(div, z: np.ndarray, high: np.ndarray, delta: float, refine: float):
-    """Exact log-edges at z = min(p, 1 - p) (``high``: z is 1 - p), keeping z exact."""
+    """Exact log-edges at z = min(p, 1 - p) (``high``: z is 1 - p), keeping z exact, by the
+    array solver on numpy (the same edges as the numba backend's scalar form, to the bit
+    where they take the same branches, and one solver for every reader of the tables)."""
     with np.errstate(all="ignore"):
         other = 1.0 - z
         lz, lother = np.log(z), np.log1p(-z)
-    p, q = np.where(high, other, z), np.where(high, z, other)
-    lp, lq = np.where(high, lother, lz), np.where(high, lz, lother)
-    flat = [np.ascontiguousarray(a, dtype=np.float64).reshape(-1) for a in (lp, lq, p, q)]
-    lo, hi = np.empty_like(flat[0]), np.empty_like(flat[0])
-    d = np.full_like(flat[0], delta)
-    with threads.sized(lo.size, "exact"):
-        loader.kernels(div).solve_arrays(*flat, d, lo, hi)
-    suspect = numpy_backend.near_saturation(div, _solver.Inputs(*flat, d), lo, refine)
+        p, q = np.where(high, other, z), np.where(high, z, other)
+        lp, lq = np.where(high, lother, lz), np.where(high, lz, lother)
+        flat = [np.ascontiguousarray(a, dtype=np.float64).reshape(-1) for a in (lp, lq, p, q)]
+        x = _solver.Inputs(*flat, np.full_like(flat[0], delta))
+        lo, hi = _solver.solve(div, _solver.NUMPY, x)
+        suspect = numpy_backend.near_saturation(div, x, lo, refine)
     return lo.reshape(z.shape), hi.reshape(z.shape), lp, suspect.reshape(z.shape)
 
 
@@ -312,14 +297,11 @@ class TableSet:
     def is_empty(self) -> bool:
         return self._rows[True][0].shape[0] == 1
 
-    def cover(self, x: np.ndarray, logp: bool) -> bool:
-        """Build the cells that the elements of the flat array ``x`` (p, or log p) fall
-        in; whether there was any to build."""
-        touched = np.zeros(self.built.size, dtype=np.uint8)
-        closed = _solver.LP_CLOSED if logp else math.exp(_solver.LP_CLOSED)
-        with threads.sized(x.size, "touch"):
-            kernels.touched_cells(x, bool(logp), self.kbits, closed, touched)
-        return self._add(np.nonzero(touched.view(bool) & ~self.built)[0])
+    def cover(self, touched: np.ndarray) -> bool:
+        """Build the cells that ``touched`` marks (a boolean mask over the cells: the
+        numba backend's cell scan, or :func:`.torch_reader.cells_reached`); whether there
+        was any to build."""
+        return self._add(np.nonzero(touched & ~self.built)[0])
 
     def complete(self) -> dict[bool, Table]:
         """Every cell built: ``{log: Table}``."""
@@ -360,5 +342,3 @@ def build_tables(div, delta: float, layout: str = "float64") -> dict[bool, Table
     for log-edges (``True``) and ratios (``False``); see :class:`TableSet` and
     :mod:`.layout`."""
     return TableSet(div, delta, layout).complete()
-
-

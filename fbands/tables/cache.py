@@ -16,9 +16,9 @@ from collections import OrderedDict
 import numpy as np
 
 from fbands import _notice, _solver
-from fbands._jit import loader
+from fbands._jit import codegen
 from fbands.tables import layout, store
-from fbands.tables.build import LAYOUTS, Table, TableSet, exact_log_edges
+from fbands.tables.build import LAYOUTS, Table, TableSet
 
 __all__ = ["MAX_TABLES", "TABLES", "TableCache"]
 
@@ -81,7 +81,7 @@ class TableCache:
         if ts.is_complete:
             return ts
         kbits = LAYOUTS[layout_name]["kbits"]
-        k = store.key(loader.kernels(div).name, delta,
+        k = store.key(codegen.leaves_source(div), delta,
                       f"{layout_name} {sorted(LAYOUTS[layout_name].items())}")
         found = store.load(k, kbits, layout.cell_count(kbits), layout.ROW, Table)
         if found is None:
@@ -107,7 +107,7 @@ class TableCache:
             return found[1]
 
     def at_one(self, div, delta: float, layout_name: str, log: bool) -> float:
-        """The lower edge at ``p = 1`` (``log``: its log) by the exact solver: the limit the
+        """The lower edge at ``p = 1`` (``log``: its log) by the array solver: the limit the
         passes store there (:meth:`fbands.Divergence.lower_limit_at_one`), kept with the
         set of ``layout_name``."""
         key = self._key(div, delta, layout_name)
@@ -117,7 +117,8 @@ class TableCache:
                 return derived[("at_one", log)]
         one = _solver.Inputs(np.zeros(1), np.full(1, np.log(_solver.Q_FLOOR)), np.ones(1),
                              np.full(1, _solver.Q_FLOOR), np.full(1, float(delta)))
-        s_lo, _ = exact_log_edges(div, one, LAYOUTS["float64"]["refine"], from_logp=False)
+        with np.errstate(all="ignore"):
+            s_lo, _ = _solver.solve(div, _solver.NUMPY, one)
         value = float(s_lo[0]) if log else float(np.exp(s_lo[0]))
         self.table_set(div, delta, layout_name)  # (the set the value is kept with)
         with self._lock:

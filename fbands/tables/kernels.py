@@ -4,8 +4,8 @@ A table (:func:`fbands.tables.build.build_tables`) holds numbers only, so the pa
 reads it does not depend on the divergence: it is compiled once (numba's ``cache=True``
 keeps the machine code next to this file, or in numba's user cache where that is
 read-only) and shared by every divergence, user-registered ones included.  Elements,
-cells and rows are found through :mod:`.layout` (:func:`~.layout.prepare_z`,
-:func:`~.layout.locate`), the one definition of the layout.
+cells and rows are found by :func:`prepare_z`, :func:`cell_index` and :func:`locate`, the
+scalar twins of the array forms of :mod:`.layout` (the one definition of the layout).
 
 The pass over the data has no data-dependent branch and no libm call, so it vectorises:
 every choice is a select, and the exponentials and logarithms it needs are the
@@ -25,17 +25,76 @@ from numba import njit, prange
 
 from fbands._jit import disk_cache
 from fbands._jit.prims import BLOCK, INLINE, OPTS, at, lower_out, unfinished
-from fbands._jit.vmath import vexp, vlog
-from fbands.tables import layout
-from fbands.tables.layout import DEG, ROW, ROW_EXACT, ROW_EXP_LO, ROW_TOP, cell_index
+from fbands._jit.vmath import LN2, p_and_z, vexp, vlog
+from fbands.tables import layout as L
+from fbands.tables.layout import DEG, ROW, ROW_EXACT, ROW_EXP_LO, ROW_TOP
 
 __all__ = ["BLOCK", "table_pass", "finish_exp_rows", "unfinished", "touched_cells", "locate",
            "prepare_z"]
 
 # ----------------------------------------------------------------------------- table pass
 
-locate = njit(**INLINE)(layout.locate)
-prepare_z = njit(**INLINE)(layout.prepare_z)
+# The scalar twins of the layout's array forms (.layout), inlined into every pass.
+
+
+@njit(**INLINE)
+def prepare_z(x, logp, closed):
+    """``(p, z, high, valid)`` of one element ``x`` (``log p`` when ``logp``): ``p``,
+    ``z = min(p, 1 - p)`` (exact on both sides; from one polynomial for log input,
+    :func:`fbands._jit.vmath.p_and_z`), whether ``z`` is ``1 - p``, and whether ``x`` lies
+    in ``[closed, 1]`` (``[closed, 0]``), the domain of the tables (nan fails).  Outside it
+    the element reads :data:`.layout.FILL_P` instead: the scalar twin of
+    :func:`.layout.prepare_z_array`.
+
+    The two flags are floats, 1.0 or 0.0: inlined into a pass, a tuple holding bools
+    (which numba stores as bytes) keeps the loop from vectorising, and costs it half its
+    speed; :func:`cell_index` takes the float flag as it is."""
+    v = np.float64(x)
+    if logp:
+        valid = (v >= closed) & (v <= 0.0)
+        lp = v if valid else L.FILL_LOGP
+        p, z = p_and_z(lp)
+        high = lp > -LN2
+    else:
+        valid = (v >= closed) & (v <= 1.0)
+        p = v if valid else L.FILL_P
+        high = p > 0.5
+        z = 1.0 - p if high else p
+    return p, z, np.float64(high), np.float64(valid)
+
+
+
+
+@njit(**INLINE)
+def cell_index(bits, high, kbits):
+    """Index in ``cells_info`` of the cell of one float64 ``z = min(p, 1 - p) > 0`` given as
+    its int64 ``bits`` (``high``, a bool or 1.0 / 0.0: z is ``1 - p``): the scalar twin of
+    :func:`.layout.cell_array`, inlined into :func:`locate` and the cell scan."""
+    cells = np.int64(1) << kbits
+    b = L.HALF_EXP - (bits >> L.MANT_BITS)
+    j = (bits >> (L.MANT_BITS - kbits)) & (cells - 1)
+    # Arithmetic, not conditional expressions: numba's inliner warns about the latter here.
+    side = np.int64(high)
+    nb = L.NB_LO + (L.NB_HI - L.NB_LO) * side
+    inside = np.int64(b < nb)
+    return min(b, nb) * cells + inside * j + side * ((np.int64(L.NB_LO) << kbits) + 1)
+
+
+@njit(**INLINE)
+def locate(z, high, cells_info, kbits):
+    """Row index and coordinate ``u in [-1, 1)`` of one float64 ``z = min(p, 1 - p) > 0``
+    (``high``: z is ``1 - p``): the scalar twin of :func:`.layout.locate_array`."""
+    bits = np.float64(z).view(np.int64)
+    cell = cell_index(bits, high, kbits)
+    info = cells_info[np.uint64(cell)]  # unsigned: no wrap-around select (see fbands._jit.prims.at)
+    sh = info & L.INFO_MASK
+    rest = L.MANT_BITS - kbits - sh
+    row = (info >> L.INFO_SHIFT) + ((bits >> rest) & ((np.int64(1) << sh) - 1))
+    # 1 + (the bits below rest) / 2^rest, built as a float in [1, 2) from those bits
+    one_frac = (((bits << (L.MANT_BITS - rest)) & ((np.int64(1) << L.MANT_BITS) - 1))
+                | (np.int64(L.EXP_BIAS) << L.MANT_BITS))
+    u = 2.0 * np.int64(one_frac).view(np.float64) - 3.0
+    return row, u
 
 
 @njit(**INLINE)

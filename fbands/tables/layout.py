@@ -18,21 +18,26 @@ Rows.  A row holds ``ROW`` float64 coefficients, powers ``DEG`` down to 0 of ``u
 and upper edge interleaved (one contiguous read), and a code of flag bits
 (:data:`ROW_TOP`, :data:`ROW_EXACT`, :data:`ROW_EXP_LO`).
 
-Reading comes in two forms with the same steps: :func:`prepare_z` and :func:`locate` for
-one float64 (plain Python on numpy scalars, so that numba compiles them into the kernels),
-:func:`prepare_z_array` and :func:`locate_array` for numpy arrays or torch tensors.  Every
-reader of a table (the numba pass, its cell scan, the torch reader) goes through them.
+Reading comes in two forms with the same steps: :func:`prepare_z_array`,
+:func:`cell_array` and :func:`locate_array` here, for numpy arrays or torch tensors (the
+build's cell scan, the torch reader), and their scalar twins in the numba kernels
+(:func:`fbands.tables.kernels.prepare_z`, ``cell_index``, ``locate``), which the tests hold
+to the same cells, rows and coordinates.  This module imports no numba: the torch reader
+and the build run without it.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba.extending import register_jitable
 
-from fbands._jit.vmath import EXP_BIAS, LN2, MANT_BITS, p_and_z
+from fbands._band_function import LN2
 
 # ----------------------------------------------------------------------------- float64 bits
 
+#: Stored mantissa bits of a float64 (the fraction field).
+MANT_BITS = 52
+#: Exponent bias of a float64: the exponent field of 1.0.
+EXP_BIAS = 1023
 #: Exponent field of z in [1/2, 1) (binade 0): the binade of z is ``HALF_EXP - field``.
 HALF_EXP = EXP_BIAS - 1
 
@@ -137,30 +142,6 @@ def cell_of_row(kbits: int, table_cell):
 FILL_P, FILL_LOGP = 0.5, -1.0
 
 
-def prepare_z(x, logp, closed):
-    """``(p, z, high, valid)`` of one element ``x`` (``log p`` when ``logp``): ``p``,
-    ``z = min(p, 1 - p)`` (exact on both sides; from one polynomial for log input,
-    :func:`fbands._jit.vmath.p_and_z`), whether ``z`` is ``1 - p``, and whether ``x`` lies
-    in ``[closed, 1]`` (``[closed, 0]``), the domain of the tables (nan fails).  Outside it
-    the element reads :data:`FILL_P` instead.
-
-    The two flags are floats, 1.0 or 0.0: inlined into a pass, a tuple holding bools
-    (which numba stores as bytes) keeps the loop from vectorising, and costs it half its
-    speed; :func:`cell_index` takes the float flag as it is."""
-    v = np.float64(x)
-    if logp:
-        valid = (v >= closed) & (v <= 0.0)
-        lp = v if valid else FILL_LOGP
-        p, z = p_and_z(lp)
-        high = lp > -LN2
-    else:
-        valid = (v >= closed) & (v <= 1.0)
-        p = v if valid else FILL_P
-        high = p > 0.5
-        z = 1.0 - p if high else p
-    return p, z, np.float64(high), np.float64(valid)
-
-
 def prepare_z_array(x, logp: bool, closed: float, where, exp, expm1):
     """:func:`prepare_z` on an array ``x`` of float64; ``where``, ``exp``, ``expm1`` from
     numpy or torch."""
@@ -177,49 +158,21 @@ def prepare_z_array(x, logp: bool, closed: float, where, exp, expm1):
 
 
 
-@register_jitable(inline="always")
-def cell_index(bits, high, kbits):
-    """Index in ``cells_info`` of the cell of one float64 ``z = min(p, 1 - p) > 0`` given as
-    its int64 ``bits`` (``high``, a bool or 1.0 / 0.0: z is ``1 - p``).  Plain Python that
-    numba-compiled code may call too (``register_jitable``): :func:`locate` and the
-    kernels' cell scan."""
-    cells = np.int64(1) << kbits
+def cell_array(bits, high, kbits: int, where):
+    """:func:`cell_index` on arrays (``bits``: the int64 view of float64 ``z``; ``high``: a
+    boolean array; ``where``: ``numpy.where`` or ``torch.where``)."""
+    cells = 1 << kbits
     b = HALF_EXP - (bits >> MANT_BITS)
     j = (bits >> (MANT_BITS - kbits)) & (cells - 1)
-    # Arithmetic, not conditional expressions: numba's inliner warns about the latter here.
-    side = np.int64(high)
-    nb = NB_LO + (NB_HI - NB_LO) * side
-    inside = np.int64(b < nb)
-    return min(b, nb) * cells + inside * j + side * ((np.int64(NB_LO) << kbits) + 1)
-
-
-def locate(z, high, cells_info, kbits):
-    """Row index and coordinate ``u in [-1, 1)`` of one float64 ``z = min(p, 1 - p) > 0``
-    (``high``: z is ``1 - p``).  Plain Python on numpy scalars: the kernels compile it
-    (inline) with numba; :func:`locate_array` is the same steps on arrays."""
-    bits = np.float64(z).view(np.int64)
-    cell = cell_index(bits, high, kbits)
-    info = cells_info[np.uint64(cell)]  # unsigned: no wrap-around select (see fbands._jit.prims.at)
-    sh = info & INFO_MASK
-    rest = MANT_BITS - kbits - sh
-    row = (info >> INFO_SHIFT) + ((bits >> rest) & ((np.int64(1) << sh) - 1))
-    # 1 + (the bits below rest) / 2^rest, built as a float in [1, 2) from those bits
-    one_frac = (((bits << (MANT_BITS - rest)) & ((np.int64(1) << MANT_BITS) - 1))
-                | (np.int64(EXP_BIAS) << MANT_BITS))
-    u = 2.0 * np.int64(one_frac).view(np.float64) - 3.0
-    return row, u
+    nb = where(high, NB_HI, NB_LO)
+    return where(b < nb, b * cells + j, nb * cells) + where(high, high_offset(kbits), 0)
 
 
 def locate_array(bits, high, cells_info, kbits: int, where, float64):
     """:func:`locate` on arrays: ``bits``, the int64 view of float64 ``z``; ``high`` a
     boolean array; ``where`` and ``float64``: ``numpy.where`` and ``numpy.float64``, or
     ``torch.where`` and ``torch.float64``.  Returns ``(row, u)``."""
-    cells = 1 << kbits
-    b = HALF_EXP - (bits >> MANT_BITS)
-    j = (bits >> (MANT_BITS - kbits)) & (cells - 1)
-    nb = where(high, NB_HI, NB_LO)
-    cell = where(b < nb, b * cells + j, nb * cells) + where(high, high_offset(kbits), 0)
-    info = cells_info[cell]
+    info = cells_info[cell_array(bits, high, kbits, where)]
     sh = info & INFO_MASK
     rest = MANT_BITS - kbits - sh
     unit = sh * 0 + 1  # an integer array of ones (shifts of arrays by arrays)

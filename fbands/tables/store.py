@@ -7,8 +7,9 @@ private cache directory (:func:`fbands._cache.private_dir`, ``tables/``) as plai
 arrays (``.npz``, read with ``allow_pickle=False``), next to a JSON record (checked by
 :func:`fbands._cache.read_json`) that holds the archive's sha256 and size: an archive is
 loaded only when its bytes hash to the recorded value, and its arrays have the expected
-types and shapes.  The key hashes the generated kernel module's name (itself a hash of its
-source), the code that builds tables, numpy's version, ``delta`` and the layout.  At most
+types and shapes.  The key hashes the divergence's generated kernels (the text of its
+leaves, :func:`fbands._jit.codegen.leaves_source`), the code that builds tables, numpy's
+version, ``delta`` and the layout.  At most
 :data:`MAX_FILES` archives are kept (least recently used go first).
 """
 
@@ -32,8 +33,9 @@ MAX_FILES = 32
 _CODE: list[str] = []
 
 
-#: The code that builds tables, besides the kernels (whose package name hashes theirs).
-_BUILDERS = ("build.py", "layout.py", "kernels.py", "../backends/numpy_backend.py")
+#: The code that builds tables: the layout, the fit and the array solver.
+_BUILDERS = ("build.py", "layout.py", "../_solver.py", "../_band_function.py",
+             "../backends/numpy_backend.py")
 
 
 def _code_hash() -> str:
@@ -46,9 +48,10 @@ def _code_hash() -> str:
     return _CODE[0]
 
 
-def key(kernel_module_name: str, delta: float, layout: str) -> str:
-    """Key of the tables built by the kernels of that module at ``delta`` in ``layout``."""
-    text = f"{_code_hash()}\n{kernel_module_name}\n{float(delta)!r}\n{layout}"
+def key(kernels: str, delta: float, layout: str) -> str:
+    """Key of the tables of the divergence whose generated kernels read ``kernels`` (their
+    text) at ``delta`` in ``layout``."""
+    text = f"{_code_hash()}\n{kernels}\n{float(delta)!r}\n{layout}"
     return hashlib.sha256(text.encode()).hexdigest()
 
 

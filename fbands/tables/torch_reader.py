@@ -20,7 +20,7 @@ from fbands._solver import LP_CLOSED
 from fbands.tables import layout
 from fbands.tables.cache import TABLES
 
-__all__ = ["DeviceTable", "device_table", "read"]
+__all__ = ["DeviceTable", "cells_reached", "device_table", "read"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,19 @@ def _on_device(div, d, layout_name, log, table, device) -> DeviceTable:
                            TABLES.at_one(div, d, layout_name, log))
 
     return TABLES.on_device(div, d, layout_name, log, table, device, copy)
+
+
+def cells_reached(x, logp: bool, kbits: int) -> np.ndarray:
+    """Mask, on the host, of the table cells (of ``kbits``) that the float64 tensor ``x``
+    (p, or log p) falls in: what a radius's first call builds
+    (:meth:`fbands.tables.build.TableSet.cover`).  Elements outside the tables' domain
+    count as :data:`.layout.FILL_P` does, as in the numba backend's cell scan."""
+    closed = LP_CLOSED if logp else math.exp(LP_CLOSED)
+    _, z, high, _ = layout.prepare_z_array(x, logp, closed, torch.where, torch.exp,
+                                           torch.expm1)
+    touched = torch.zeros(layout.cell_count(kbits), dtype=torch.bool, device=x.device)
+    touched[layout.cell_array(z.view(torch.int64), high, kbits, torch.where)] = True
+    return touched.cpu().numpy()
 
 
 def read(tab: DeviceTable, x, *, logp: bool, log: bool):
