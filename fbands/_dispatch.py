@@ -58,6 +58,15 @@ PATHS = {
     "numba": (CLOSED_PASS, TABLE, EXACT),
     "torch": (DEVICE_TABLE, HOST, DEVICE_SOLVER),
 }
+#: ``backend="auto"`` hands arrays of at least this many elements to numba: below it the
+#: numpy solver takes at most a few tens of milliseconds, and a first call compiles nothing
+#: (numba's compile takes up to a minute once per machine); above it numba's compiled
+#: passes, tens of times faster, pay.
+NUMBA_FROM = 1 << 16
+#: The smallest radius that the tables serve.  Below it a complete table takes the numpy
+#: solver seconds to minutes to build (most cells need subrows, their elements many
+#: Newton steps), far beyond what its calls would save; those radii take the exact solver.
+TABLE_DELTA_MIN = 1e-6
 #: What an invalid element may do.
 INVALID = ("raise", "nan")
 
@@ -86,19 +95,21 @@ def plan(div: Divergence, p: Any, delta: Any, *, backend: str = "auto", logp: bo
     ========  ==================================================================  ==============
     backend   when                                                                path
     ========  ==================================================================  ==============
-    auto      a tensor: torch; else numba when it imports, else numpy
+    auto      a tensor: torch; an array of at least :data:`NUMBA_FROM` elements:
+              numba when it imports; else numpy
     numpy     always                                                              exact
     cvxpy     always                                                              exact
     numba     float32/float64 array of size > 0, one valid scalar ``delta``,       closed-pass
               ratios of ``p`` (neither ``logp`` nor ``log``), closed forms of
               both edges with no squaring (:func:`~fbands._jit.codegen.has_closed_pass`)
-    numba     float32/float64 array of size > 0, one valid scalar ``delta``        table
+    numba     float32/float64 array of size > 0, one valid scalar ``delta`` of     table
+              at least :data:`TABLE_DELTA_MIN`
     numba     otherwise (per-element ``delta``, a scalar ``p``, other dtypes,      exact
-              an invalid ``delta``)
+              an invalid or smaller ``delta``)
     torch     ``path`` given (tests, benchmarks): that path, if it applies         ``path``
     torch     floating tensor with values (not meta), one valid scalar ``delta``    device-table
-              (a number on the host), a device with float64 (not MPS); the CPU
-              included
+              (a number on the host) of at least :data:`TABLE_DELTA_MIN`, a device
+              with float64 (not MPS); the CPU included
     torch     floating CPU tensor, ``delta`` not on another device, not being      host
               traced by ``torch.compile``
     torch     otherwise (per-element ``delta`` on a device, MPS, traced)           device-solver
@@ -115,7 +126,10 @@ def plan(div: Divergence, p: Any, delta: Any, *, backend: str = "auto", logp: bo
     resolve are refined in extended precision (numpy and numba).
     """
     if backend == "auto":
-        backend = "torch" if is_tensor(p) else ("numba" if _numba_usable() else "numpy")
+        if is_tensor(p):
+            backend = "torch"
+        else:
+            backend = "numba" if _size(p) >= NUMBA_FROM and _numba_usable() else "numpy"
     if backend not in BACKENDS:
         raise BandError(f"unknown backend {backend!r}; choose one of {['auto', *BACKENDS]}")
     if is_tensor(p) and backend != "torch":
@@ -147,7 +161,9 @@ def _numba_path(div, p, delta, *, logp: bool, log: bool) -> str:
     if (d is None or not is_positive(d) or not isinstance(p, np.ndarray)
             or p.dtype not in (np.float32, np.float64) or p.size == 0):
         return EXACT
-    return CLOSED_PASS if not (logp or log) and has_closed_pass(div) else TABLE
+    if not (logp or log) and has_closed_pass(div):
+        return CLOSED_PASS
+    return TABLE if d >= TABLE_DELTA_MIN else EXACT
 
 
 def choose_path(backend: str, div: Divergence, p: Any, delta: Any, *, logp: bool, log: bool,
@@ -214,6 +230,14 @@ def _module(name: str):
         raise
 
 
+def _size(p) -> int:
+    """How many elements ``p`` holds (0 for what is no array: the backend says why)."""
+    try:
+        return int(np.size(p))
+    except (TypeError, ValueError):
+        return 0
+
+
 def _numba_usable() -> bool:
     if BACKENDS["numba"] in sys.modules:  # (a dict lookup: torch.compile traces it)
         return True
@@ -261,6 +285,8 @@ def _why_not_device_table(p, delta) -> str | None:
     d = scalar_delta(delta)
     if d is None or not is_positive(d):
         return "delta is not one valid number (a radius per element takes the solver)"
+    if d < TABLE_DELTA_MIN:
+        return f"tables serve radii from {TABLE_DELTA_MIN:g} on (delta is {d:g})"
     if work_dtype(p.device) != _torch().float64:
         return f"{p.device.type} has no float64 (the tables are read in float64)"
     return None

@@ -77,7 +77,9 @@ def bounds(
     div : str or Divergence
         A name from :func:`fbands.available` (``"kl"``, ``"tv"``, ``"alpha(a=0.5)"`` ...).
     backend : {"auto", "numpy", "numba", "torch", "cvxpy"}
-        ``auto`` takes torch for tensors and numba (else numpy) for everything else.
+        ``auto`` takes torch for tensors, numba for arrays of 65536 elements or more
+        (its compiled passes; the first call of a divergence compiles them once per
+        machine), and numpy for the rest (nothing to compile).
     logp : bool
         ``p`` holds log-probabilities.
     invalid : {"raise", "nan"}

@@ -357,11 +357,14 @@ PATH_TABLE = [
     ("numba", "tv", lambda: F64, 0.05, False, True, "table"),  # log-edges: no closed pass
     ("numba", "kl", lambda: F64.astype(np.float32), np.float32(0.05), False, False, "table"),
     ("numba", "kl", lambda: F64, np.full(5, 0.05), False, False, "exact"),  # per element
+    ("numba", "kl", lambda: F64, 1e-7, False, False, "exact"),  # below the tables' radii
+    ("numba", "tv", lambda: F64, 1e-7, False, False, "closed-pass"),  # (no table needed)
     ("numba", "kl", lambda: F64, -1.0, False, False, "exact"),  # invalid radius: raises there
     ("numba", "kl", lambda: 0.3, 0.05, False, False, "exact"),  # a scalar p
     ("numba", "kl", lambda: F64.astype(np.float16), 0.05, False, False, "exact"),
     ("torch", "kl", lambda: _tensor(F64), 0.05, False, False, "device-table"),  # a CPU tensor
     ("torch", "kl", lambda: _tensor(F64), _tensor([0.05] * 5), False, False, "host"),
+    ("torch", "kl", lambda: _tensor(F64), 1e-7, False, False, "host"),  # below the tables'
     ("torch", "kl", lambda: _tensor(F64, device="meta"), 0.05, False, False, "device-solver"),
     ("torch", "kl", lambda: F64, 0.05, False, False, "device-solver"),  # not a tensor
     ("torch", "kl", lambda: _tensor([1, 2]), 0.05, False, False, "device-solver"),  # integers
@@ -373,6 +376,18 @@ def test_choose_path_follows_the_decision_table(backend, div, p, delta, logp, lo
     got = choose_path(backend, fbands.get(div), p(), delta, logp=logp, log=log)
     assert got == path
     assert got in PATHS[backend]
+
+
+def test_auto_hands_numba_only_the_arrays_worth_a_compile():
+    from fbands._dispatch import NUMBA_FROM, Plan, plan
+
+    kl = fbands.get("kl")
+    for small in (F64, 0.3, [0.1, 0.2], np.full(NUMBA_FROM - 1, 0.3)):
+        assert plan(kl, small, 0.05, logp=False, log=False) == Plan("numpy", "exact")
+    big = np.full(NUMBA_FROM, 0.3)
+    assert plan(kl, big, 0.05, logp=False, log=False) == Plan("numba", "table")
+    assert plan(kl, big, 0.05, logp=False, log=False, backend="numpy").backend == "numpy"
+    assert plan(kl, F64, 0.05, logp=False, log=False, backend="numba").backend == "numba"
 
 
 def test_choose_path_forces_torch_paths_only_where_they_apply():

@@ -139,6 +139,8 @@ TENSORS_ONLY = textwrap.dedent("""
         fbands.log_bounds(logp_old.float(), delta, "kl", logp=True)
         fbands.bounds(logp_old.exp(), delta, "tv")
     fbands.bounds(logp_old.exp(), torch.full((4, 64), 0.05), "chi2")  # a radius per token
+    fbands.bounds(np.array([0.001, 0.05, 0.5]), 0.05, div="kl")  # the quick tour's first call
+    fbands.log_bounds(np.log(np.linspace(0.01, 1, 5000)), 0.05, "js", logp=True)
     p = logp_old.exp().requires_grad_()
     sum(fbands.bounds(p, 0.05, "hellinger")).sum().backward()  # gradients
     for name in ("band-kl", "band-mask-tv", "clip"):
@@ -151,10 +153,11 @@ TENSORS_ONLY = textwrap.dedent("""
 """)
 
 
-def test_tensors_never_load_numba():
+def test_tensors_and_small_arrays_never_load_numba():
     """Every torch path runs torch's operations and numpy on the host: a training process
     (the losses, bands of every kind on CPU tensors, gradients) loads no numba, so it has
-    no worker pool of fbands' to compete with its own threads, and no compiler in memory."""
+    no worker pool of fbands' to compete with its own threads, and no compiler in memory.
+    Small arrays (backend "auto") take the numpy solver: a first call compiles nothing."""
     proc = subprocess.run([sys.executable, "-c", TENSORS_ONLY], capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr

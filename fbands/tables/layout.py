@@ -28,9 +28,13 @@ and the build run without it.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
-from fbands._band_function import LN2
+from fbands._band_function import LN2, LP_CLOSED
 
 # ----------------------------------------------------------------------------- float64 bits
 
@@ -181,3 +185,63 @@ def locate_array(bits, high, cells_info, kbits: int, where, float64):
                 | (EXP_BIAS << MANT_BITS))
     u = 2.0 * one_frac.view(float64) - 3.0
     return row, u
+
+
+@dataclass(frozen=True)
+class ArrayOps:
+    """The few functions and types of an array library (numpy's, or torch's:
+    :data:`.torch_reader.TORCH_OPS`) that reading a table takes."""
+
+    where: Any
+    exp: Any
+    log: Any
+    expm1: Any
+    int64: Any
+    float64: Any
+
+
+def _closed(logp: bool) -> float:
+    return LP_CLOSED if logp else math.exp(LP_CLOSED)
+
+
+def cells_of(x, logp: bool, kbits: int, ops: ArrayOps):
+    """The cell of every element of the flat float64 array ``x`` (p, or log p): what a
+    radius's first call builds.  Elements outside the tables' domain count as
+    :data:`FILL_P` does, as in the numba backend's cell scan (its scalar twin)."""
+    _, z, high, _ = prepare_z_array(x, logp, _closed(logp), ops.where, ops.exp, ops.expm1)
+    return cell_array(z.view(ops.int64), high, kbits, ops.where)
+
+
+def read_array(table, at_one: float, x, *, logp: bool, log: bool, ops: ArrayOps):
+    """``(lower, upper, more)`` of the flat float64 array ``x`` (p, or log p) from
+    ``table`` (its ``coef``, ``row_code``, ``cells_info``, ``kbits`` and ``exp_lo``, arrays
+    of ``x``'s library and device; ``at_one``, the lower edge, or its log, at ``p = 1``):
+    the cell from the bits of ``z``,
+    the coordinate from the remaining mantissa bits, two Horner chains (the lower one
+    exponentiated on rows so marked), ``1 / p`` (or ``-log p``) where the upper edge is
+    saturated, and the limit ``(at_one, 1)`` at ``p == 1``.  ``more`` marks the elements
+    to solve exactly: rows marked so, invalid input, and ``p`` (``log p``) below
+    ``LP_CLOSED``, the solver's tails.  The numba pass (:mod:`.kernels`) takes the same
+    steps, one element at a time."""
+    where = ops.where
+    p, z, high, valid = prepare_z_array(x, logp, _closed(logp), where, ops.exp, ops.expm1)
+    if log:  # (0.0 - : log 1 gives +0.0)
+        top = 0.0 - (where(valid, x, 0.0) if logp else ops.log(p))
+    else:
+        top = 1.0 / p
+    one = x == (0.0 if logp else 1.0)
+    row, u = locate_array(z.view(ops.int64), high, table.cells_info, table.kbits, where,
+                          ops.float64)
+    k = row * ROW
+    coef = table.coef
+    lo, hi = coef[k], coef[k + 1]
+    for i in range(1, DEG + 1):
+        lo = lo * u + coef[k + 2 * i]
+        hi = hi * u + coef[k + 2 * i + 1]
+    code = table.row_code[row]
+    if table.exp_lo:  # rows whose lower polynomial is of log r
+        lo = where((code & ROW_EXP_LO) != 0, ops.exp(lo), lo)
+    hi = where(((code & ROW_TOP) != 0) | one, top, hi)
+    lo = where(one, at_one, lo)
+    more = (((code & ROW_EXACT) != 0) & ~one) | ~valid
+    return lo, hi, more

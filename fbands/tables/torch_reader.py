@@ -1,22 +1,17 @@
 """The band tables read by torch operations, on any device (the ``device-table`` path).
 
-The same reading as the numba pass (:mod:`.kernels`), step for step through the same layout
-(:func:`.layout.prepare_z_array`, :func:`.layout.locate_array`): the cell from the bits of
-``z = min(p, 1 - p)``, the coordinate from the remaining mantissa bits, two Horner chains
-(the lower one exponentiated on rows so marked), ``1 / p`` (or ``-log p``) where the upper
-edge is saturated, and the limit ``(at_one, 1)`` at ``p == 1``.  Importing this module
-imports torch.
+The reading itself is :func:`.layout.read_array`, written once for numpy and torch (the
+numba pass, :mod:`.kernels`, takes the same steps one element at a time); this module keeps
+each table's arrays on each device.  Importing it imports torch.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from fbands._solver import LP_CLOSED
 from fbands.tables import layout
 from fbands.tables.cache import TABLES
 
@@ -76,43 +71,21 @@ def _on_device(div, d, layout_name, log, table, device) -> DeviceTable:
     return TABLES.on_device(div, d, layout_name, log, table, device, copy)
 
 
+#: torch's functions and types for :func:`.layout.read_array`.
+TORCH_OPS = layout.ArrayOps(torch.where, torch.exp, torch.log, torch.expm1, torch.int64,
+                            torch.float64)
+
+
 def cells_reached(x, logp: bool, kbits: int) -> np.ndarray:
     """Mask, on the host, of the table cells (of ``kbits``) that the float64 tensor ``x``
-    (p, or log p) falls in: what a radius's first call builds
-    (:meth:`fbands.tables.build.TableSet.cover`).  Elements outside the tables' domain
-    count as :data:`.layout.FILL_P` does, as in the numba backend's cell scan."""
-    closed = LP_CLOSED if logp else math.exp(LP_CLOSED)
-    _, z, high, _ = layout.prepare_z_array(x, logp, closed, torch.where, torch.exp,
-                                           torch.expm1)
+    (p, or log p) falls in (:func:`.layout.cells_of`): what a radius's first call builds
+    (:meth:`fbands.tables.build.TableSet.cover`)."""
     touched = torch.zeros(layout.cell_count(kbits), dtype=torch.bool, device=x.device)
-    touched[layout.cell_array(z.view(torch.int64), high, kbits, torch.where)] = True
+    touched[layout.cells_of(x, logp, kbits, TORCH_OPS)] = True
     return touched.cpu().numpy()
 
 
 def read(tab: DeviceTable, x, *, logp: bool, log: bool):
-    """``(lower, upper, more)`` of float64 ``x`` (p, or log p) from ``tab``; ``more`` marks
-    the elements to solve exactly: rows marked so, invalid input, and ``p`` (``log p``)
-    below ``LP_CLOSED``, the solver's tails."""
-    closed = LP_CLOSED if logp else math.exp(LP_CLOSED)
-    p, z, high, valid = layout.prepare_z_array(x, logp, closed, torch.where, torch.exp,
-                                               torch.expm1)
-    if log:  # (0.0 - : log 1 gives +0.0)
-        top = 0.0 - (torch.where(valid, x, 0.0) if logp else torch.log(p))
-    else:
-        top = 1.0 / p
-    one = x == (0.0 if logp else 1.0)
-    row, u = layout.locate_array(z.view(torch.int64), high, tab.cells_info, tab.kbits,
-                                 torch.where, torch.float64)
-    k = row * layout.ROW
-    coef = tab.coef
-    lo, hi = coef[k], coef[k + 1]
-    for i in range(1, layout.DEG + 1):
-        lo = lo * u + coef[k + 2 * i]
-        hi = hi * u + coef[k + 2 * i + 1]
-    code = tab.row_code[row]
-    if tab.exp_lo:  # rows whose lower polynomial is of log r
-        lo = torch.where((code & layout.ROW_EXP_LO) != 0, torch.exp(lo), lo)
-    hi = torch.where(((code & layout.ROW_TOP) != 0) | one, top, hi)
-    lo = torch.where(one, tab.at_one, lo)
-    more = (((code & layout.ROW_EXACT) != 0) & ~one) | ~valid
-    return lo, hi, more
+    """``(lower, upper, more)`` of float64 ``x`` (p, or log p) from ``tab``
+    (:func:`.layout.read_array` in torch operations, on ``x``'s device)."""
+    return layout.read_array(tab, tab.at_one, x, logp=logp, log=log, ops=TORCH_OPS)
