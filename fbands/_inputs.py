@@ -185,7 +185,7 @@ class NumpyInputs:
         self.dtype = arr.dtype if np.issubdtype(arr.dtype, np.floating) else np.dtype(np.float64)
         try:
             d = np.asarray(delta, dtype=np.float64)
-        except (TypeError, ValueError) as err:
+        except (TypeError, ValueError, OverflowError) as err:
             raise BandError(f"delta must be a number or an array of numbers: {err}") from err
         x = arr.astype(np.float64)
         try:

@@ -25,7 +25,8 @@ pytestmark = pytest.mark.slow
 _CALL = """
 import numpy as np, fbands
 {setup}
-lo, hi = fbands.bounds(np.array([0.1, 0.5, 0.999]), 0.05, {div!r}, backend="numba")
+lo, hi = fbands.bounds(np.array([0.1, 0.5, 0.999]), np.full(3, 0.05), {div!r},
+                       backend="numba")  # (a radius per element: the divergence's kernels)
 print(repr(lo.tolist()), repr(hi.tolist()))
 """
 

@@ -102,8 +102,8 @@ def test_the_first_process_of_a_machine_says_it_compiles_the_next_is_silent(tmp_
     env = {"FBANDS_CACHE_DIR": str(tmp_path / "fbands"), "NUMBA_CACHE_DIR": str(tmp_path / "nb")}
     code = """
         import numpy as np, fbands
-        fbands.bounds(np.array([0.01, 0.5]), 0.05, "kl", backend="numba")
-    """
+        fbands.bounds(np.array([0.01, 0.5]), np.full(2, 0.05), "kl", backend="numba")
+    """  # (a radius per element: the divergence's own kernels, not only the tables')
     first = _python(code, env).stderr.strip().splitlines()
     assert len(first) == 1 and first[0].startswith("fbands: compiling the numba kernels of "
                                                    "divergence 'kl', once per machine"), first

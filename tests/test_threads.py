@@ -47,7 +47,7 @@ FRESH = textwrap.dedent("""
     large = gen.uniform(1e-6, 1, 2_000_000)
     for delta in (0.05, 0.07):  # compile or load, build the cells and tables
         fbands.log_bounds(small, delta, "kl", logp=True)
-        fbands.bounds(exact_p, exact_delta, "kl")
+        fbands.bounds(exact_p, exact_delta, "kl", backend="numba")
     time.sleep(0.5)  # (workers that spin after a region stop within milliseconds)
 
     def run(calls, seconds=0.6):
@@ -59,7 +59,7 @@ FRESH = textwrap.dedent("""
 
     def trainer_sized():
         fbands.log_bounds(small, 0.05, "kl", logp=True)  # a known radius: tables
-        fbands.bounds(exact_p, exact_delta, "kl")  # per-token radii: the exact solver
+        fbands.bounds(exact_p, exact_delta, "kl", backend="numba")  # per-token radii: exact
 
     print("small", torch.get_num_threads(), *run(trainer_sized), numba.threading_layer())
     print("large", torch.get_num_threads(), *run(lambda: fbands.bounds(large, 0.05, "kl")))

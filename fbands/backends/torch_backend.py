@@ -385,12 +385,14 @@ def device_table(div, p, d: float, *, logp, invalid, check, log, sync: bool, siz
     layout = "float64" if p.dtype == torch.float64 else "float32"
     with torch.no_grad():
         x = p.detach().reshape(-1).to(torch.float64)
-        ts = TABLES.table_set(div, d, layout)
-        if sync and not (ts.met or ts.is_complete):  # a radius new to the process
-            ts.cover(torch_reader.cells_reached(x, logp, ts.kbits))
+        # Eagerly, the kernels of the sync-free fix-up are bound too, so that a traced call
+        # (which reads complete tables, takes no lock and cannot run sympy) finds them.
+        _kernels(div, torch.float64)
+        if sync:
+            ts = TABLES.table_set(div, d, layout)
+            if not (ts.met or ts.is_complete):  # a radius new to the process
+                ts.cover(torch_reader.cells_reached(x, logp, ts.kbits))
         tab = torch_reader.device_table(div, d, layout, bool(log), x.device, complete=not sync)
-        if not sync:
-            _kernels(div, torch.float64)  # bound eagerly: what the sync-free fix-up runs
         lo, hi, more = torch_reader.read(tab, x, logp=logp, log=log)
         bad, _ = invalid_masks(x, d, logp)  # (d: a valid number, checked on the host)
         zero = x == -math.inf if logp else torch.zeros_like(bad)  # the p -> 0 limit [0, inf)
