@@ -33,11 +33,11 @@ class Inputs:
     delta: Any
 
 
-def _broadcast_take(a, shape, index):
-    """``a`` broadcast to ``shape``, at ``index`` (numpy arrays and scalars)."""
+def take_inputs(x: Inputs, shape, index) -> Inputs:
+    """The inputs ``x`` broadcast to ``shape``, at the numpy index ``index`` (1-d)."""
     import numpy as np
 
-    return np.broadcast_to(a, shape)[index]
+    return Inputs(*(np.broadcast_to(getattr(x, f.name), shape)[index] for f in fields(Inputs)))
 
 
 def log1mexp(xp, z):
@@ -67,8 +67,7 @@ class BandFunction:
         1-d problem: what the solver goes on with once most elements have converged."""
         shape = self.p_over_q.shape
         part = copy.copy(self)
-        part.x = Inputs(*(_broadcast_take(getattr(self.x, f.name), shape, index)
-                          for f in fields(Inputs)))
+        part.x = take_inputs(self.x, shape, index)
         part.p_over_q = self.p_over_q[index]
         return part
 

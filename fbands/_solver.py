@@ -54,6 +54,7 @@ from fbands._band_function import (  # noqa: F401  (LN2, LP_TINY ...: the method
     TinyUpper,
     _lower_tail,
     log1mexp,
+    take_inputs,
 )
 from fbands._roots import (  # noqa: F401  (the closed forms' names, for both forms)
     NEAR_DOUBLE,
@@ -133,10 +134,9 @@ def _solve_where(mask, x: Inputs, fixed_iter, solve_part):
     elsewhere; otherwise on every element."""
     if fixed_iter is not None or not isinstance(mask, np.ndarray):
         return solve_part(x)
-    arrays = [getattr(x, f.name) for f in fields(Inputs)]
-    shape = np.broadcast_shapes(*(np.shape(a) for a in arrays))
+    shape = np.broadcast_shapes(*(np.shape(getattr(x, f.name)) for f in fields(Inputs)))
     index = np.nonzero(np.broadcast_to(mask, shape))
-    found = solve_part(Inputs(*(np.broadcast_to(a, shape)[index] for a in arrays)))
+    found = solve_part(take_inputs(x, shape, index))
     out = []
     for part in found:
         full = np.zeros(shape)
