@@ -91,17 +91,17 @@ def fake_train(cfg, **kwargs):
 
 def test_demo_refuses_a_folder_it_did_not_write(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(rl_train, "train", fake_train)
-    clip = tmp_path / "runs" / "clip"
+    clip = tmp_path / "runs" / "clip-s0"
     clip.mkdir(parents=True)
     for name, text in (("config.json", "{}"), ("checkpoint.pt", "mine"),
                        ("NOTES.md", "my notes")):
         (clip / name).write_text(text)
     argv = ["demo", "--out", str(tmp_path / "runs"), "--steps", "1", "--no-progress"]
-    one_line_error(capsys, fbands_main(argv), "clip", "NOTES.md", "--force")
+    one_line_error(capsys, fbands_main(argv), "clip-s0", "NOTES.md", "--force")
     assert sorted(p.name for p in clip.iterdir()) == ["NOTES.md", "checkpoint.pt",
                                                       "config.json"]
     assert (clip / "checkpoint.pt").read_text() == "mine"
-    assert not (tmp_path / "runs" / "band-kl").exists()  # refused before any run
+    assert not (tmp_path / "runs" / "band-kl-s0").exists()  # refused before any run
     # --force replaces the run files only: the user's notes stay
     assert fbands_main([*argv, "--force"]) == 0
     assert (clip / "NOTES.md").read_text() == "my notes"

@@ -259,11 +259,12 @@ def test_cli_divergences_any_arguments(words):
 
 @FUZZ
 @given(options=st.lists(st.tuples(
-    st.sampled_from(["--steps", "--model", "--seed", "--out"]), ANY_WORD), max_size=3),
+    st.sampled_from(["--steps", "--model", "--seed", "--seeds", "--out"]), ANY_WORD),
+    max_size=3),
     flags=st.lists(st.sampled_from(["--no-progress", "--force", "--nope"]), max_size=2))
 def test_cli_demo_any_arguments(options, flags, tmp_path_factory):
-    """demo with any options, its two trainings replaced by the validation of their configs
-    (a valid command line reaches them, and only then)."""
+    """demo with any options, its trainings replaced by the validation of their configs
+    (a valid command line reaches them, and only then: two per seed)."""
     pytest.importorskip("transformers")
     import fbands.rl.compare as rl_compare
     import fbands.rl.train as rl_train
@@ -272,11 +273,11 @@ def test_cli_demo_any_arguments(options, flags, tmp_path_factory):
     argv = ["demo", "--out", str(base / "runs"), *[x for pair in options for x in pair], *flags]
     seen = []
     with mock.patch.object(rl_train, "train", lambda cfg: seen.append(cfg.validate())), \
-            mock.patch.object(rl_compare, "compare", lambda dirs, out: "table"), \
+            mock.patch.object(rl_compare, "compare_seeds", lambda *args: "table"), \
             contextlib.chdir(base):
         code, err = run_cli(argv)
     check_exit(code, err)
-    assert (code == 0) == (len(seen) == 2)
+    assert (code == 0) == (len(seen) == 2 * len({cfg.seed for cfg in seen}) > 0)
 
 
 METRIC_LINE = st.one_of(

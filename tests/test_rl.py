@@ -19,7 +19,7 @@ pytest.importorskip("tqdm")
 from fbands.cli import main as fbands_main  # noqa: E402
 from fbands.rl import evaluate as rl_evaluate  # noqa: E402
 from fbands.rl import train as rl_train  # noqa: E402
-from fbands.rl.compare import compare, load_run, steps_to  # noqa: E402
+from fbands.rl.compare import compare, compare_seeds, load_run, steps_to  # noqa: E402
 from fbands.rl.config import ConfigError, TrainConfig  # noqa: E402
 from fbands.rl.model import char_tokenizer, load_policy, token_logprobs  # noqa: E402
 from fbands.rl.tasks import AdditionTask, Prompt, TailTask, make_task  # noqa: E402
@@ -403,6 +403,43 @@ def test_compare_plots_and_tabulates(tmp_path):
     assert (tmp_path / "cmp.png").stat().st_size > 1000
     assert table.splitlines()[2].startswith("a ") and "final_accuracy" in table
     assert steps_to([{"step": 1, "accuracy": 0.5}], "accuracy", 0.9) is None
+
+
+def _metrics_folder(path, accuracies, entropy):
+    path.mkdir(parents=True)
+    rows = [{"step": i + 1, "reward": a, "accuracy": a, "p_correct": a, "entropy": entropy,
+             "loss/tail_clipfrac_upper": 0.1, "tokens_per_s": 100.0}
+            for i, a in enumerate(accuracies)]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_compare_seeds_means_and_pairs(tmp_path):
+    """The demo's table: each loss's mean over paired seeds, then the steps to the target
+    seed by seed and their difference; a seed that never reaches it is said so."""
+    groups = {
+        "clip": [_metrics_folder(tmp_path / "c0", [0.1, 0.5, 0.9, 0.9], 0.4),
+                 _metrics_folder(tmp_path / "c1", [0.1, 0.2, 0.3, 0.85], 0.2)],
+        "band-kl": [_metrics_folder(tmp_path / "b0", [0.8, 0.9, 0.9, 0.9], 0.1),
+                    _metrics_folder(tmp_path / "b1", [0.1, 0.2, 0.3, 0.4], 0.3)],
+    }
+    text = compare_seeds(groups, [5, 6], tmp_path / "seeds.png")
+    assert (tmp_path / "seeds.png").stat().st_size > 1000
+    lines = text.splitlines()
+    head = lines[0].split()
+    clip = dict(zip(head, lines[2].split(), strict=True))
+    assert clip["run"] == "clip" and clip["steps"] == "4"
+    assert float(clip["final_accuracy"]) == pytest.approx(0.875, abs=1e-3)
+    assert float(clip["mean_entropy"]) == pytest.approx(0.3, abs=1e-3)
+    assert float(clip["steps_to_acc_0.8"]) == pytest.approx(3.5, abs=1e-3)
+    band = lines[3].split()
+    assert band[0] == "band-kl" and "1/2 never" in lines[3]
+    assert "seeds 5 6" in text
+    assert lines[-3].split() == ["clip", "3", "4"]
+    assert lines[-2].split() == ["band-kl", "1", "never"]
+    assert lines[-1].split() == ["band-kl", "-", "clip", "-2", "n/a"]
+    with pytest.raises(ValueError, match="1 runs for 2 seeds"):
+        compare_seeds({"clip": groups["clip"][:1]}, [5, 6], tmp_path / "x.png")
 
 
 # --- configuration -----------------------------------------------------------------------------

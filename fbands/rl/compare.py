@@ -91,6 +91,48 @@ def summarize(rows: list[dict], target: float = 0.8) -> dict:
             "tokens_per_s": mean("tokens_per_s")}
 
 
+def summarize_seeds(summaries: list[dict]) -> dict:
+    """One summary of several seeds' :func:`summarize` rows: the mean of each number (an
+    integer stays one when every seed has the same); a steps-to count is a mean only when
+    every seed reached the target, else it says how many seeds never did.
+
+    Example
+    -------
+    >>> summarize_seeds([{"steps": 30, "to_0.8": 9}, {"steps": 30, "to_0.8": 12}])
+    {'steps': 30, 'to_0.8': 10.5}
+    >>> summarize_seeds([{"steps": 30, "to_0.8": 9}, {"steps": 30, "to_0.8": None}])
+    {'steps': 30, 'to_0.8': '1/2 never'}
+    """
+    out: dict = {}
+    for key in summaries[0]:
+        values = [s[key] for s in summaries]
+        if any(v is None for v in values):
+            out[key] = f"{values.count(None)}/{len(values)} never"
+        elif all(isinstance(v, int) for v in values) and len(set(values)) == 1:
+            out[key] = values[0]
+        else:
+            out[key] = sum(values) / len(values)
+    return out
+
+
+def mean_curve(runs: list[list[dict]]) -> list[dict]:
+    """Step by step, the mean over ``runs`` of each metric the plot draws (over the runs that
+    logged it at that step)."""
+    by_step: dict[int, list[dict]] = {}
+    for rows in runs:
+        for row in rows:
+            by_step.setdefault(row["step"], []).append(row)
+    curve = []
+    for step in sorted(by_step):
+        point = {"step": step}
+        for key, _ in CURVES:
+            values = [r[key] for r in by_step[step] if key in r]
+            if values:
+                point[key] = sum(values) / len(values)
+        curve.append(point)
+    return curve
+
+
 def format_table(names: list[str], summaries: list[dict]) -> str:
     """A plain-text table, one line per run."""
     keys = list(summaries[0])
@@ -157,3 +199,41 @@ def compare(run_dirs: list[str | Path], out: str | Path, target: float = 0.8) ->
         summaries.append(summarize(rows, target))
     plot_runs(runs, out)
     return format_table(list(runs), summaries)
+
+
+def compare_seeds(groups: dict[str, list[str | Path]], seeds: list[int], out: str | Path,
+                  target: float = 0.8) -> str:
+    """The demo's comparison: ``groups`` maps a name (a loss) to its run folders, one per
+    seed of ``seeds``, in the same order for every name (paired seeds: the same warm start,
+    prompts and first rollouts).
+
+    Plots each group's mean curves into ``out`` and returns the table of each group's mean
+    over the seeds (:func:`summarize_seeds`), then the steps to ``target`` accuracy seed by
+    seed, and for every group after the first its difference from the first, seed by seed.
+    """
+    curves, summaries, reached = {}, [], {}
+    for name, dirs in groups.items():
+        if len(dirs) != len(seeds):
+            raise ValueError(f"{name!r} has {len(dirs)} runs for {len(seeds)} seeds")
+        runs = [load_run(d)[1] for d in dirs]
+        label = name if len(seeds) == 1 else f"{name} (mean of {len(seeds)} seeds)"
+        curves[label] = mean_curve(runs)
+        summaries.append(summarize_seeds([summarize(rows, target) for rows in runs]))
+        reached[name] = [steps_to(rows, "accuracy", target) for rows in runs]
+    plot_runs(curves, out)
+    lines = [format_table(list(groups), summaries), "",
+             f"steps to {target:g} accuracy, seed by seed (seeds {' '.join(map(str, seeds))}):"]
+    first, *others = groups
+    width = max(len(n) for n in [*groups, *(f"{n} - {first}" for n in others)])
+
+    def cells(values):
+        return " ".join(f"{'never' if v is None else v:>5}" for v in values)
+
+    for name in groups:
+        lines.append(f"  {name:<{width}} {cells(reached[name])}")
+    for name in others:
+        diff = [None if a is None or b is None else b - a
+                for a, b in zip(reached[first], reached[name], strict=True)]
+        lines.append(f"  {name + ' - ' + first:<{width}} "
+                     + " ".join(f"{'n/a' if d is None else f'{d:+d}':>5}" for d in diff))
+    return "\n".join(lines)
