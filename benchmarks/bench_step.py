@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -107,7 +108,8 @@ def train_run(loss: str, steps: int, work: Path, env: dict, extra: list[str]) ->
             .splitlines()]
     steps_s = [r["time/rollout_s"] + r["time/update_s"] for r in rows]
     return {"loss": loss, "steps_s": steps_s, "band_s": [r["time/band_s"] for r in rows],
-            "tokens": [r["response_len"] for r in rows], "wall_s": wall,
+            "tokens": [r["response_len"] for r in rows],
+            "width": [r["response_width"] for r in rows], "wall_s": wall,
             "peak_rss_mib": child["peak_rss_mib"]}
 
 
@@ -285,6 +287,32 @@ def pooled(part: dict, loss: str) -> float:
     return statistics.median(s for r in part["rounds"] for s in r[loss]["steps_s"][1:])
 
 
+def at_equal_width(part: dict, loss: str) -> float | None:
+    """The loss's step time against clip's on batches of the same padded width.
+
+    A band loss trains another policy; where that policy writes longer answers, its batches
+    are wider and every forward and backward pass dearer, whatever the band costs. Over the
+    steps after step 1 of every round: for each width both runs reach, the ratio of the
+    median step times at that width; their geometric mean, weighted by the loss's steps at
+    each width. None when the runs log no width or share none."""
+    def by_width(name):
+        found: dict[int, list[float]] = {}
+        for r in part["rounds"]:
+            run = r[name]
+            for w, t in zip(run.get("width", [])[1:], run["steps_s"][1:], strict=True):
+                found.setdefault(w, []).append(t)
+        return found
+
+    mine, clip = by_width(loss), by_width("clip")
+    shared = [w for w in mine if w in clip]
+    if not shared:
+        return None
+    weight = sum(len(mine[w]) for w in shared)
+    log_ratio = sum(len(mine[w]) * math.log(statistics.median(mine[w])
+                                            / statistics.median(clip[w])) for w in shared)
+    return math.exp(log_ratio / weight)
+
+
 def summarise(part: dict) -> dict:
     """Per loss: ratio to clip after step 1 (pooled, and per round), step 1, peak memory."""
     out = {}
@@ -296,6 +324,10 @@ def summarise(part: dict) -> dict:
                      "step1_s": statistics.median(r[loss]["steps_s"][0]
                                                   for r in part["rounds"]),
                      "peak_rss_mib": max(r[loss]["peak_rss_mib"] for r in part["rounds"])}
+        if "width" in part["rounds"][0][loss]:
+            out[loss]["width"] = statistics.mean(w for r in part["rounds"]
+                                                 for w in r[loss]["width"][1:])
+            out[loss]["equal_width"] = at_equal_width(part, loss)
         if "band_s" in part["rounds"][0][loss]:
             out[loss]["band_s"] = statistics.median(
                 statistics.median(r[loss]["band_s"][1:]) for r in part["rounds"])
@@ -312,11 +344,15 @@ def markdown(report: dict) -> str:
              "`band s`: the seconds inside `precompute_band` a step (median). Goal: at most "
              "1.05.", "",
              "How to read it: a band loss trains another policy than clip, so its steps "
-             "compute other values; `clip + band-kl computed` trains clip's policy and "
-             "computes band-kl's band beside it every step, so its ratio is what the band "
-             "itself costs the step, interference included. The spread of the per-round "
-             "ratios, and of TRL's own `GRPOTrainer` against the same trainer with fbands' "
-             "clip (the `trl` row: no band at all), is the noise of this machine.", ""]
+             "compute other values, on batches of another width where its answers are "
+             "longer or shorter (`width`: the mean padded answer width in tokens after step "
+             "1). `equal width`: the step time against clip's on batches of the same width "
+             "(the geometric mean over the widths both reach of the ratio of median step "
+             "times, weighted by the loss's steps). `clip + band-kl computed` trains clip's "
+             "policy and computes band-kl's band beside it every step, so its ratio is what "
+             "the band itself costs the step, interference included. The spread of the "
+             "per-round ratios, and of TRL's own `GRPOTrainer` against the same trainer with "
+             "fbands' clip (the `trl` row: no band at all), is the noise of this machine.", ""]
     names = {"builtin": "built-in model, `fbands train`", "trl": "TRL plug-in, built-in model",
              "smollm2": "SmolLM2-135M, LoRA, `fbands train`"}
     for part, title in names.items():
@@ -324,14 +360,17 @@ def markdown(report: dict) -> str:
             continue
         s = report["summary"][part]
         lines += [f"## {title}", "",
-                  "| loss | step / clip | per round | step s | step 1 s | band s | peak RSS MiB |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| loss | step / clip | per round | width | equal width | step s | step 1 s "
+                  "| band s | peak RSS MiB |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for loss, v in s.items():
             band = f"{v['band_s'] * 1e3:.2f} ms" if "band_s" in v else "-"  # (TRL: not logged)
+            width = f"{v['width']:.2f}" if "width" in v else "-"
+            equal = "-" if v.get("equal_width") is None else f"{v['equal_width']:.3f}"
             lines.append(f"| {loss} | {v['ratio_after_step1']:.3f} | "
                          + " ".join(f"{x:.3f}" for x in v["ratios"])
-                         + f" | {v['step_s']:.3f} | {v['step1_s']:.2f} | {band} | "
-                         f"{v['peak_rss_mib']:.0f} |")
+                         + f" | {width} | {equal} | {v['step_s']:.3f} | {v['step1_s']:.2f} | "
+                         f"{band} | {v['peak_rss_mib']:.0f} |")
         lines.append("")
     cold = report.get("builtin", {}).get("cold") if report.get("builtin") else None
     if cold:

@@ -225,6 +225,7 @@ def test_mechanism_metrics_count_every_token_and_sum_the_kl(tmp_path, monkeypatc
     for r in rows:
         tokens = sum(r[f"tokens/{side}/{b}"] for side in ("A+", "A-") for b in P_OLD_BINS)
         assert tokens <= r["response_len"] * cfg.prompts_per_step * cfg.group_size
+        assert r["response_len"] <= r["response_width"] <= cfg.max_new_tokens
         seen += tokens
         for side in ("A+", "A-"):
             for b in P_OLD_BINS:

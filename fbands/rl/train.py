@@ -25,6 +25,10 @@ Read :func:`train` top to bottom; it is the whole algorithm:
    the held-out evaluation: :mod:`fbands.rl.evaluate`); a non-finite loss stops the run
    (the last good checkpoint stays); an atomic checkpoint every ``checkpoint_every`` steps.
 
+``response_len`` is the mean answer length in tokens; ``response_width`` the width of the
+step's padded batch (the longest answer), which sets what the forward and backward passes
+cost: a loss that trains a policy with longer answers has dearer steps for that reason alone.
+
 Timing metrics: ``time/rollout_s`` (sampling and scoring), ``time/update_s`` (old
 log-probabilities, the band and the PPO epochs), ``tokens_per_s`` (response tokens over
 both), ``time/band_s`` (the seconds inside :func:`~fbands.losses.precompute_band`, with the
@@ -413,6 +417,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
                "reward": float(rewards.mean()),
                "entropy": float((entropy * mask).sum() / mask.sum()),
                "response_len": n_tokens / mask.shape[0],
+               "response_width": mask.shape[1],
                **means,
                "tokens_per_s": n_tokens / (t_end - t_start),
                "time/rollout_s": t_rollout - t_start,
