@@ -387,9 +387,11 @@ def markdown(report: dict) -> str:
               "The most a band run holds beyond clip's is the tables of its radius (built "
               "cell by cell as the data reaches them): complete KL tables at delta 0.05 take "
               f"{sizes['float32'] / 2**20:.1f} MiB (float32) and "
-              f"{sizes['float64'] / 2**20:.1f} MiB (float64).  A tensor never reaches numba, "
-              "so a band run loads no compiler: the rest of the difference in peak memory is "
-              "the allocator's noise.", ""]
+              f"{sizes['float64'] / 2**20:.1f} MiB (float64).  Its peak also counts what "
+              "the band's first call in a process allocates and frees before it returns: "
+              "binding the divergence's kernels to torch (its sympy expressions, most of "
+              "it) and building the cells its tokens reach; and the modules of the band "
+              "path. A tensor never reaches numba, so a band run loads no compiler.", ""]
     return "\n".join(lines)
 
 
