@@ -8,11 +8,11 @@ Importing this package does not import torch.
 
 Command line::
 
-    fbands demo                                   # clip vs band-kl on the tail task
+    fbands demo                                   # clip vs band-kl on the tail task, 3 seeds
     fbands train --task addition --loss band-kl --run-dir runs/add
     fbands train --run-dir runs/add --resume      # after a kill: no step lost or repeated
     fbands train --model path/to/hf_model --task addition --warm-start-steps 0
-    fbands compare runs/demo/clip runs/demo/band-kl --out cmp.png
+    fbands compare runs/demo/clip-s0 runs/demo/band-kl-s0 --out cmp.png
 
 From Python::
 
