@@ -40,7 +40,7 @@ from sympy.codegen import cfunctions
 
 from fbands import _cache, _notice, symbolic
 
-__all__ = ["derive", "encode", "decode"]
+__all__ = ["derive", "intercept", "encode", "decode"]
 
 #: Format of the files; part of the key.
 FORMAT = 1
@@ -231,3 +231,53 @@ def derive(f: sp.Expr, *, closed_forms: bool = True,
         if data is not None:  # only what rebuilds to the very same derivation
             _cache.write_json(store / f"{k}.json", k, data)
     return d
+
+
+_OWN_HASH: list[str] = []
+
+
+def tangent_intercept(f: sp.Expr) -> sp.Expr | None:
+    """``T(s) = f(c) - c f'(c)`` at ``c = e^s > 1``, the intercept of ``f``'s tangent,
+    simplified (kl: ``-s``; tv: ``-1/2``), as an expression in ``s``; None where sympy gives
+    no plain form (a free symbol besides ``s``, an ``Abs``, ``sign`` or ``Piecewise``
+    left).  Meant for ``f`` with a finite ``f'(inf)``, where ``f(c)`` and ``c f'(c)``
+    cancel to leading order."""
+    w, t = sp.Symbol("w", positive=True), sp.Symbol("t", positive=True)
+    fw = f.subs(symbolic.U, 1 + w)  # c = 1 + w > 1: |.| and sign resolve
+    T = sp.simplify(fw - (1 + w) * sp.diff(fw, w))
+    T = sp.simplify(sp.expand_log(T.subs(w, sp.exp(t) - 1), force=True))  # c = e^t
+    if not T.free_symbols <= {t} or T.has(sp.Abs, sp.sign, sp.Piecewise):
+        return None
+    return T.subs(t, symbolic.S)
+
+
+def intercept(f: sp.Expr, *, name: str | None = None) -> sp.Expr | None:
+    """:func:`tangent_intercept`, answered from the private cache when it can be (an
+    expression tree under its own key, which hashes the derivation's key and this module,
+    where :func:`tangent_intercept` lives; a file that does not decode is derived again)."""
+    if not _OWN_HASH:
+        _OWN_HASH.append(hashlib.sha256(Path(__file__).read_bytes()).hexdigest())
+    k = hashlib.sha256(f"{key(f)}\nintercept\n{_OWN_HASH[0]}".encode()).hexdigest()
+    store = _cache.private_dir("derived")
+    path = None if store is None else store / f"{k}.json"
+    if path is not None:
+        data = _cache.read_json(path, k)
+        if isinstance(data, dict) and "T" in data:
+            try:
+                return None if data["T"] is None else decode(data["T"])
+            except (KeyError, ValueError, TypeError, IndexError, RecursionError):
+                pass
+    what = f"divergence {name!r}" if name else f"f = {f}"
+    where = ("once per machine" if store is not None else
+             "in every process (no private cache directory to keep it in)")
+    _notice.notice(f"deriving the edge gradients of {what} with sympy, {where}: this may "
+                   "take a second")
+    T = tangent_intercept(f)
+    if path is not None:
+        try:
+            tree = None if T is None else encode(T)
+        except _Unsupported:
+            return T
+        if tree is None or decode(tree) == T:  # only what rebuilds to the same expression
+            _cache.write_json(path, k, {"T": tree})
+    return T

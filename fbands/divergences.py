@@ -156,16 +156,14 @@ class Divergence:
         ``-log((1 + e^s) / 2) / 2``); None where ``f'(inf)`` is infinite (``f(c)`` and
         ``c f'(c)`` then do not cancel to leading order) or sympy gives no plain form.  The
         edges' derivatives use it where ``c`` is large (:mod:`fbands.backends.torch_backend`).
+        Derived once per machine (up to a second or two for kl), with a notice, and kept in
+        the private cache (:func:`fbands._derived.intercept`).
         """
         if not math.isfinite(self.fprime_inf):
             return None
-        w, t = sp.Symbol("w", positive=True), sp.Symbol("t", positive=True)
-        f = self.f.subs(symbolic.U, 1 + w)  # c = 1 + w > 1: |.| and sign resolve
-        T = sp.simplify(f - (1 + w) * sp.diff(f, w))
-        T = sp.simplify(sp.expand_log(T.subs(w, sp.exp(t) - 1), force=True))  # c = e^t
-        if not T.free_symbols <= {t} or T.has(sp.Abs, sp.sign, sp.Piecewise):
-            return None
-        return symbolic.compile_expr(T.subs(t, symbolic.S), (symbolic.S,))
+        with self._lock:
+            T = _derived.intercept(self.f, name=self.name)  # from disk when it can
+        return None if T is None else symbolic.compile_expr(T, (symbolic.S,))
 
     def kernels(self, namespace: Any):
         """``(F, dF, closed)`` bound to a backend's functions.

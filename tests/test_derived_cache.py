@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import pytest
@@ -132,3 +133,36 @@ def test_nodes_outside_the_vocabulary_are_refused():
         _derived.encode(sp.Symbol("x") + 1)
     with pytest.raises((KeyError, ValueError)):
         _derived.decode(["fn", "__import__", [["int", "1"]]])
+
+
+@pytest.mark.parametrize("name", ["kl", "js"])
+def test_the_tangent_intercept_is_derived_once_per_machine(name, cache, monkeypatch, caplog):
+    """The edge gradients' intercept costs sympy's simplify (a second or two for kl): a
+    first process derives it with a notice and stores it; a later one reads it, with no
+    sympy work and the same generated code; a damaged file is derived again."""
+    monkeypatch.delenv("FBANDS_QUIET", raising=False)
+    caplog.set_level(logging.INFO, logger="fbands")
+    f = fbands.get(name).f
+    first = _derived.intercept(f, name=name)
+    notes = [r.getMessage() for r in caplog.records if r.name == "fbands"]
+    assert len(notes) == 1 and "deriving the edge gradients" in notes[0]
+    caplog.clear()
+    # the expression is the intercept: f(c) - c f'(c) at c = e^s, checked at s = 3
+    c = sp.exp(3)
+    want = (f - U * sp.diff(f, U)).subs(U, c)
+    assert abs(float(first.subs(symbolic.S, 3) - want)) < 1e-12
+    files = list(cache.glob("*.json"))
+    assert files
+
+    def no_sympy(*args, **kwargs):
+        raise AssertionError("derived again")
+
+    with monkeypatch.context() as m:
+        m.setattr(sp, "simplify", no_sympy)
+        again = _derived.intercept(f, name=name)
+    assert not [r for r in caplog.records if r.name == "fbands"]
+    assert symbolic.compile_expr(again, (symbolic.S,)) == symbolic.compile_expr(
+        first, (symbolic.S,))
+    for path in files:
+        path.write_text("{not json")
+    assert _derived.intercept(f, name=name) == first
