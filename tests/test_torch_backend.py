@@ -419,14 +419,19 @@ def test_device_paths_compile_with_fullgraph(path):
         assert _rel(g.numpy(), r.numpy()) <= 1e-12
 
 
-def test_a_new_radius_on_the_device_path_builds_only_what_its_data_reaches():
+def test_a_new_radius_on_the_device_path_builds_only_what_its_data_reaches(monkeypatch,
+                                                                         tmp_path):
     """An eager device-table call with a radius new to the process reads the cells built so
     far (none), solves the rest on the host and builds their cells there; the radius's
     second call builds its complete tables (what a traced call reads).  Both agree with
-    the numba backend."""
+    the numba backend.  (An empty cache directory: a run before this one stored the
+    complete tables of the radius on disk.)"""
     from fbands.tables.cache import TABLES
 
-    kl, d = fbands.get("kl"), 0.0611  # a radius no other test uses
+    monkeypatch.setenv("FBANDS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(TABLES, "_sets", type(TABLES._sets)())
+    monkeypatch.setattr(TABLES, "_derived", {})
+    kl, d = fbands.get("kl"), 0.0611
     lp = torch.log(torch.from_numpy(_sample_p(9, 300)))
     want = fbands.log_bounds(lp.numpy(), np.full(lp.shape, d), "kl", backend="numba",
                              logp=True)
