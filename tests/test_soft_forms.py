@@ -17,9 +17,14 @@ SMOOTH = ("3seg", "3seg_control_converge", "3seg_control_reach")  # C1 at their 
 PARAMS = {"rho": 0.1, "g": 1.0, "alpha": 0.05, "gamma": 0.2, "alpha_in": 2.0}
 
 
-def _reference(form, r, lo, hi, rho=0.1, g=1.0, alpha=0.05, gamma=0.2, alpha_in=2.0):
-    """``s(r)`` from the equations as BandPO writes them (a tanh(b (r - c)) + d), in mpmath."""
-    mp.mp.dps = 40
+def _reference(form, r, lo, hi, **params):
+    """``s(r)`` from the equations as BandPO writes them (a tanh(b (r - c)) + d), in mpmath
+    at 40 digits (mpmath's global precision is left as it was)."""
+    with mp.workdps(40):
+        return _reference_40(form, r, lo, hi, **params)
+
+
+def _reference_40(form, r, lo, hi, rho=0.1, g=1.0, alpha=0.05, gamma=0.2, alpha_in=2.0):
     r, a_, b_ = mp.mpf(r), mp.mpf(lo), mp.mpf(hi)
     eps_h, eps_l = b_ - 1, 1 - a_
     e_h, e_l = rho + (1 - rho) * b_, rho + (1 - rho) * a_
