@@ -207,6 +207,14 @@ def storable(d: symbolic.Derivation) -> dict | None:
     return data if _same(_from_data(json.loads(json.dumps(data))), d) else None
 
 
+def _announce(work: str, f: sp.Expr, name: str | None, store, duration: str) -> None:
+    """The notice of a derivation with sympy (``store``: the private cache, or None)."""
+    what = f"divergence {name!r}" if name else f"f = {f}"
+    where = ("once per machine (later runs read it from the disk cache)" if store is not None
+             else "in every process (no private cache directory to keep it in)")
+    _notice.notice(f"deriving {work} of {what} with sympy, {where}: this may take {duration}")
+
+
 def derive(f: sp.Expr, *, closed_forms: bool = True,
            name: str | None = None) -> symbolic.Derivation:
     """:func:`fbands.symbolic.derive`, answered from the private cache, or from the files
@@ -220,11 +228,7 @@ def derive(f: sp.Expr, *, closed_forms: bool = True,
     found = _load(SHIPPED / f"{k}.json", k, f)
     if found is not None:
         return found
-    what = f"divergence {name!r}" if name else f"f = {f}"
-    where = ("once per machine (later runs read it from the disk cache)" if store is not None
-             else "in every process (no private cache directory to keep it in)")
-    _notice.notice(f"deriving the band formulas of {what} with sympy, {where}: this may take "
-                   "a few seconds")
+    _announce("the band formulas", f, name, store, "a few seconds")
     d = symbolic.derive(f, closed_forms=closed_forms)
     if store is not None:
         data = storable(d)
@@ -267,11 +271,7 @@ def intercept(f: sp.Expr, *, name: str | None = None) -> sp.Expr | None:
                 return None if data["T"] is None else decode(data["T"])
             except (KeyError, ValueError, TypeError, IndexError, RecursionError):
                 pass
-    what = f"divergence {name!r}" if name else f"f = {f}"
-    where = ("once per machine" if store is not None else
-             "in every process (no private cache directory to keep it in)")
-    _notice.notice(f"deriving the edge gradients of {what} with sympy, {where}: this may "
-                   "take a second")
+    _announce("the edge gradients", f, name, store, "a second")
     T = tangent_intercept(f)
     if path is not None:
         try:
