@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fbands.rl.cli import DEMO_RUNS
+from fbands.rl.cli import DEMO_RUNS, demo_run_dir
 from fbands.rl.compare import load_run, steps_to
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -49,7 +49,7 @@ def run_demo(out: Path, seeds: int, kernels: str | None) -> dict[str, list[tuple
     for name, _ in DEMO_RUNS:
         found[name] = []
         for seed in range(seeds):
-            rows = load_run(out / f"{name}-s{seed}")[1]
+            rows = load_run(demo_run_dir(out, name, seed))[1]
             found[name].append((steps_to(rows, "accuracy", TARGET), rows[-1]["accuracy"]))
     return found
 

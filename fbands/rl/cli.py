@@ -72,6 +72,11 @@ def _config_from_args(args: argparse.Namespace) -> TrainConfig:
     return dataclasses.replace(cfg, **changes)
 
 
+def demo_run_dir(out: Path, name: str, seed: int) -> Path:
+    """The folder of the demo's run of loss ``name`` with ``seed`` under ``out``."""
+    return out / f"{name}-s{seed}"
+
+
 def _seed_count(text: str) -> int:
     """An argparse ``type``: the demo's number of seeds, 1 to :data:`MAX_DEMO_SEEDS`."""
     value = positive_int(text)
@@ -151,7 +156,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out).expanduser()
     tiny = args.model == "tiny"
     seeds = [args.seed + k for k in range(args.seeds or (DEMO_SEEDS if tiny else 1))]
-    groups = {name: [out / f"{name}-s{seed}" for seed in seeds] for name, _ in DEMO_RUNS}
+    groups = {name: [demo_run_dir(out, name, seed) for seed in seeds] for name, _ in DEMO_RUNS}
     folders = [d for dirs in groups.values() for d in dirs]
     for run_dir in folders:  # every folder checked before any is cleared
         _demo_folder_free(run_dir, force=args.force)
