@@ -14,6 +14,7 @@ import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import mpmath as mp
 import numpy as np
@@ -279,6 +280,80 @@ def test_a_planted_kernel_module_is_replaced_not_run(tmp_path):
     assert out.returncode == 0, out.stderr
     assert not marker.exists()
     assert planted.read_bytes() == loader.package_files(fbands.get("tv"))["leaves.py"]
+
+
+_DISPATCHERS = """
+import sys, fbands
+from numba.core.dispatcher import Dispatcher
+from fbands._jit import loader
+import fbands.tables.kernels
+for name in ("tv", "kl"):
+    loader.kernels(fbands.get(name))
+for mod in list(sys.modules.values()):
+    for obj in list(vars(mod).values()) if mod is not None else ():
+        if isinstance(obj, Dispatcher) and "fbands" in obj.py_func.__code__.co_filename:
+            code = obj.py_func.__code__
+            print(code.co_filename, code.co_firstlineno, obj.py_func.__qualname__, sep="\\t")
+"""
+
+_BAND_CALLS = """
+import numpy as np, fbands
+p = np.linspace(0.01, 0.99, 3000)
+for div in ("tv", "kl"):
+    fbands.bounds(p, 0.05, div, backend="numba")        # a radius: tables, twice
+    fbands.bounds(p, 0.05, div, backend="numba")
+    fbands.bounds(p, np.full_like(p, 0.05), div, backend="numba")  # the solver's kernels
+print("ok")
+"""
+
+
+class _Payload:
+    """Unpickled, it creates the marker file (pickle calls ``open(marker, "w")``)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+@pytest.mark.slow
+def test_a_shared_numba_cache_dir_is_never_read(tmp_path):
+    """With ``NUMBA_CACHE_DIR`` a folder others can write (as on clusters), an index file
+    planted where numba would look for each of fbands' kernels is never unpickled: the
+    kernels' cache files live in fbands' private folder, whatever numba's settings."""
+    import pickle
+
+    from numba.core.caching import _CacheLocator
+
+    shared, cache, marker = tmp_path / "shared", tmp_path / "cache", tmp_path / "PWNED"
+    shared.mkdir(mode=0o777)
+    env = {"FBANDS_CACHE_DIR": str(cache), "NUMBA_CACHE_DIR": str(shared)}
+    found = _run(_DISPATCHERS, env)
+    assert found.returncode == 0, found.stderr
+    planted = []
+    tag = f"py{sys.version_info[0]}{sys.version_info[1]}{getattr(sys, 'abiflags', '')}"
+    for line in found.stdout.splitlines():
+        source, lineno, qualname = line.split("\t")
+        module = os.path.splitext(os.path.basename(source))[0]
+        where = shared / _CacheLocator.get_suitable_cache_subpath(source)
+        where.mkdir(parents=True, exist_ok=True)
+        index = where / f"{module}.{qualname}-{lineno}.{tag}.nbi"
+        index.write_bytes(pickle.dumps(_Payload(marker)))
+        planted.append(index)
+    assert len(planted) > 20  # the generated kernels of both divergences, and the shared ones
+    started = time.time()
+    out = _run(_BAND_CALLS, env)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+    assert not marker.exists()
+    assert not [p for p in shared.rglob("*") if p.is_file() and p not in planted]
+    stored = list((cache / "numba").rglob("*.nbi"))
+    assert stored  # fbands' own cache took the machine code ...
+    package = os.path.dirname(fbands.__file__)
+    assert not [p for p in Path(package).rglob("*.nbi") if p.stat().st_mtime >= started]
+    again = _run(_BAND_CALLS, env)  # ... and a second process loads it from there
+    assert again.returncode == 0 and "compiling" not in again.stderr, again.stderr[-3000:]
+    assert not marker.exists()
 
 
 def test_an_unsafe_cache_directory_is_not_used(tmp_path):

@@ -37,7 +37,7 @@ import numba
 from numba.core import event as _numba_event
 
 from fbands import _band_function, _cache, _notice, _roots, _solver
-from fbands._jit import codegen, prims
+from fbands._jit import codegen, disk_cache, prims
 
 __all__ = ["Kernels", "cache_dir", "kernels", "package_files", "python_kernels"]
 
@@ -60,10 +60,9 @@ class Kernels:
 
 
 def cache_dir() -> Path:
-    """Where the packages (and numba's cache files inside them) live: ``numba`` in the
-    private cache directory, or a directory of this process alone when that is not safe
-    to use (numba loads its cache files with pickle): :func:`fbands._cache.folder`."""
-    return _cache.folder("numba")
+    """Where the packages live: :func:`fbands._jit.disk_cache.cache_root`, beside numba's
+    cache files of every fbands kernel."""
+    return disk_cache.cache_root()
 
 
 def package_files(div) -> dict[str, bytes]:

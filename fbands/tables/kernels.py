@@ -1,11 +1,11 @@
 """The numba kernels that read the band tables: one module for every divergence.
 
 A table (:func:`fbands.tables.build.build_tables`) holds numbers only, so the pass that
-reads it does not depend on the divergence: it is compiled once (numba's ``cache=True``
-keeps the machine code next to this file, or in numba's user cache where that is
-read-only) and shared by every divergence, user-registered ones included.  Elements,
-cells and rows are found by :func:`prepare_z`, :func:`cell_index` and :func:`locate`, the
-scalar twins of the array forms of :mod:`.layout` (the one definition of the layout).
+reads it does not depend on the divergence: it is compiled once (its machine code cached in
+fbands' private folder, :mod:`fbands._jit.disk_cache`) and shared by every divergence,
+user-registered ones included. Elements, cells and rows are found by :func:`prepare_z`,
+:func:`cell_index` and :func:`locate`, the scalar twins of the array forms of :mod:`.layout`
+(the one definition of the layout).
 
 The pass over the data has no data-dependent branch and no libm call, so it vectorises:
 every choice is a select, and the exponentials and logarithms it needs are the
