@@ -130,14 +130,18 @@ def _digest(data) -> str:
 
 
 def read_file(path: Path, limit: int = MAX_BYTES) -> bytes | None:
-    """The bytes of the regular file ``path`` (a link is not followed), or None when it is
-    missing, unreadable or longer than ``limit``."""
+    """The bytes of the regular file ``path`` owned by this user (a link is not followed),
+    or None when it is missing, unreadable, another user's, not a regular file or longer
+    than ``limit``."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
     except OSError:
         return None
     try:
         with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+                return None
             raw = fh.read(limit + 1)
     except OSError:
         return None

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import random
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -169,7 +170,7 @@ def test_smoke_run_writes_metrics_and_checkpoint(tmp_path):
     saved = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
     assert saved["step"] == 3 and saved["data_position"] == 3 * cfg.prompts_per_step
     assert TrainConfig.from_dict(saved["config"]) == cfg
-    assert list((tmp_path / "cache").glob("warmstart-tail-*.pt"))  # warm start cached
+    assert list((tmp_path / "cache" / "warmstart").glob("tail-*.pt"))  # warm start cached
     # the same run folder refuses a second fresh start
     with pytest.raises(ConfigError, match="already holds a run"):
         rl_train.train(cfg, log=quiet)
@@ -341,7 +342,7 @@ def test_resume_equals_uninterrupted_run(tmp_path):
 
     a, b = _params(full.run_dir), _params(cut.run_dir)
     assert a.keys() == b.keys()
-    (cached,) = (tmp_path / "cache").glob("warmstart-*.pt")
+    (cached,) = (tmp_path / "cache" / "warmstart").glob("*.pt")
     start = torch.load(cached, weights_only=True)
     assert any(not torch.equal(start[k], a[k]) for k in a)  # RL did move the weights
     for k in a:
@@ -638,6 +639,55 @@ def test_resume_accepts_other_spellings_of_the_run_dir(tmp_path, monkeypatch):
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
 
 
+def test_a_warm_start_cache_others_can_write_is_never_read(tmp_path):
+    """Another user who can write the cache folder, or who owns the file, must not choose
+    the starting weights of a run: such a file is never loaded, and nothing is saved there."""
+    from fbands.rl import model as rl_model
+
+    cfg = small(tmp_path, warm_start_steps=2)
+    task = make_task(cfg)
+    model, codec = load_policy(cfg, task, log=quiet)
+    rl_model.warm_start(model, codec, task, cfg, "cpu", log=quiet)
+    folder = tmp_path / "cache" / "warmstart"
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    (cached,) = folder.glob("*.pt")
+    planted = {k: torch.full_like(v, 7.0) for k, v in torch.load(cached, weights_only=True).items()}
+    torch.save(planted, cached)  # what another user would put there
+
+    def starts_from_planted(messages):
+        model, codec = load_policy(cfg, task, log=quiet)
+        note = rl_model.warm_start(model, codec, task, cfg, "cpu", log=messages.append)
+        weights = model.state_dict()
+        return note, all(torch.equal(weights[k], planted[k]) for k in planted)
+
+    note, planted_used = starts_from_planted([])
+    assert "loaded" in note and planted_used  # a private folder: the file is this user's
+
+    os.chmod(folder, 0o777)  # a folder anyone can write: nothing in it is trusted
+    messages = []
+    note, planted_used = starts_from_planted(messages)
+    assert "loaded" not in note and "saved" not in note and not planted_used
+    assert any("not a folder private to this user" in m for m in messages)
+    kept = torch.load(cached, weights_only=True)  # (and the planted file is not replaced)
+    assert all(torch.equal(kept[k], planted[k]) for k in planted)
+    os.chmod(folder, 0o700)
+
+    link = folder / "elsewhere.pt"  # a link is not followed, to a good file or a bad one
+    cached.rename(link)
+    cached.symlink_to(link)
+    note, planted_used = starts_from_planted([])
+    assert "loaded" not in note and not planted_used
+    cached.unlink()
+    link.rename(cached)
+
+    try:
+        os.chown(cached, 12345, -1)  # another user's file (only root can make one here)
+    except PermissionError:
+        return
+    note, planted_used = starts_from_planted([])
+    assert "loaded" not in note and not planted_used
+
+
 def test_a_damaged_warm_start_cache_is_trained_again(tmp_path):
     """A truncated or foreign cache file is never trusted: the warm start is redone and the
     file replaced by a good one."""
@@ -647,7 +697,7 @@ def test_a_damaged_warm_start_cache_is_trained_again(tmp_path):
     task = make_task(cfg)
     model, codec = load_policy(cfg, task, log=quiet)
     rl_model.warm_start(model, codec, task, cfg, "cpu", log=quiet)
-    (cached,) = (tmp_path / "cache").glob("warmstart-*.pt")
+    (cached,) = (tmp_path / "cache" / "warmstart").glob("*.pt")
     good = torch.load(cached, weights_only=True)
     messages = []
     for damage in (b"", cached.read_bytes()[:100], b"not a checkpoint"):

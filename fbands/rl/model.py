@@ -283,21 +283,33 @@ def token_logprobs(model, input_ids, attention_mask, start: int, *, temperature:
 
 
 # --- supervised warm start -----------------------------------------------------------------
+#: the largest warm-start file read back (the built-in models' weights are a few MiB)
+WARM_START_MAX_BYTES = 1 << 31
+
 def warm_start(model, codec: Codec, task, cfg, device, log=print) -> str:
     """Supervised warm start on ``task``'s examples, cached on disk by config hash.
 
     Trains ``cfg.warm_start_steps`` AdamW steps of answer-token cross-entropy on batches of
     ``cfg.warm_start_batch`` examples, then saves the weights to
-    ``<cache>/warmstart-<key>.pt``; a later call with the same key loads them instead.
-    Returns a short description of what happened.
+    ``<cache>/warmstart/<task>-<key>.pt``; a later call with the same key loads them instead.
+    The weights choose every run's start, so they are kept only in a folder private to this
+    user (:func:`fbands._cache.private_dir`), read only from a regular file of this user's,
+    and never when that folder is not safe (another user could write it): then the warm
+    start is trained afresh, and not saved.  Returns a short description of what happened.
     """
     if cfg.warm_start_steps == 0:
         return "warm start: skipped (warm_start_steps=0)"
     cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
-    path = cache / f"warmstart-{cfg.task}-{cfg.warm_start_key()}.pt"
-    if path.is_file():
+    folder = _cache.private_dir("warmstart", cache)
+    if folder is None:
+        log(f"warm start: {cache / 'warmstart'} is not a folder private to this user (another "
+            "user could choose the weights there); training without the cache")
+    path = folder / f"{cfg.task}-{cfg.warm_start_key()}.pt" if folder else None
+    raw = _cache.read_file(path, WARM_START_MAX_BYTES) if path else None
+    if raw is not None:
         try:
-            model.load_state_dict(torch.load(path, map_location=device, weights_only=True))
+            model.load_state_dict(torch.load(io.BytesIO(raw), map_location=device,
+                                             weights_only=True))
             return f"warm start: loaded {path}"
         except Exception as err:  # noqa: BLE001 - any damage (truncated, foreign, wrong shape)
             log(f"warm start: ignoring the unreadable cache file {path} "
@@ -323,9 +335,11 @@ def warm_start(model, codec: Codec, task, cfg, device, log=print) -> str:
         schedule.step()
         if (i + 1) % max(1, cfg.warm_start_steps // 4) == 0:
             log(f"warm start {i + 1}/{cfg.warm_start_steps}: answer NLL {loss.item():.3f}")
-    cache.mkdir(parents=True, exist_ok=True)
+    done = f"warm start: trained {cfg.warm_start_steps} steps"
+    if path is None:
+        return done
     buf = io.BytesIO()
     torch.save(model.state_dict(), buf)
     if not _cache.write_file(path, buf.getvalue()):  # (atomic: never half a file)
-        return f"warm start: trained {cfg.warm_start_steps} steps (could not save {path})"
-    return f"warm start: trained {cfg.warm_start_steps} steps, saved {path}"
+        return f"{done} (could not save {path})"
+    return f"{done}, saved {path}"
