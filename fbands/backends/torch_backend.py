@@ -74,10 +74,10 @@ from fbands._inputs import (
     finish_edges,
     invalid_masks,
     raise_invalid,
-    work_dtype,
 )
-from fbands._solver import BandFunction, Inputs, solve
+from fbands._solver import Inputs, solve
 from fbands.backends import numpy_backend
+from fbands.backends.torch_grad import ImplicitEdges
 from fbands.errors import BandError
 from fbands.tables import torch_reader
 from fbands.tables.cache import TABLES
@@ -214,153 +214,8 @@ def with_grad(div, p, delta, solve, log_edges, *, logp: bool, log: bool):
     radius = delta
     if not isinstance(delta, torch.Tensor):  # float64: the radius is not rounded to p's dtype
         delta = torch.tensor(float(delta), dtype=torch.float64, device=p.device)
-    return ImplicitEdges.apply(p, delta, div, radius, (solve, log_edges, logp, log))
-
-
-class ImplicitEdges(torch.autograd.Function):
-    r"""The band edges with their derivatives in ``p`` (or ``log p``) and ``delta``.
-
-    Forward is the ordinary solve.  Backward solves the log-edges ``s`` again in float64
-    (so low-precision edges do not spoil their own derivatives) and differentiates
-    ``g(p, s) = p F(s) + q F(s_c) = delta`` implicitly, with ``g_s`` the solver's slope and
-
-    .. math::
-
-        g_p = F(s) - F(s_c) + f'(c)\,\frac{1 - r}{q}, \qquad c = \frac{1 - r p}{q},
-
-    so ``ds/dp = -g_p / g_s`` and ``ds/d\delta = 1 / g_s``.  Saturated edges: ``s = -log p``
-    (``ds/dp = -1/p``) and ``r = 0`` (zero).  Ratios get ``dr = r ds``; log-probability
-    input gets ``d/d log p = p d/dp``.
-    """
-
-    @staticmethod
-    def forward(ctx, p, delta, div, radius, how):
-        # radius: delta as given (a float takes the same path as without autograd); how:
-        # (solve, log_edges, logp, log), see with_grad
-        ctx.div, ctx.how = div, how
-        ctx.save_for_backward(p, delta)
-        radius = radius.detach() if isinstance(radius, torch.Tensor) else radius
-        with torch.no_grad():
-            return how[0](p.detach(), radius)
-
-    @staticmethod
-    def backward(ctx, grad_lo, grad_hi):
-        p, delta = ctx.saved_tensors
-        div, (_, log_edges, logp, log) = ctx.div, ctx.how
-        work = work_dtype(p.device)
-        with torch.no_grad():
-            x, d = torch.broadcast_tensors(p.detach().to(work), delta.detach().to(work))
-            s_lo, s_hi = log_edges(x, d)
-            inputs = TensorInputs(x, d, logp=logp, invalid="nan", check=False).inputs
-            fun = BandFunction(div, _namespace(work), inputs, kernels=_kernels(div, work))
-            grad_x = torch.zeros_like(x)
-            grad_d = torch.zeros_like(d)
-            for grad, s, lower in ((grad_lo, s_lo, True), (grad_hi, s_hi, False)):
-                if grad is None:
-                    continue
-                ds_dp, ds_dd = _edge_derivatives(fun, inputs, s, lower=lower)
-                g = grad.to(work) * (1.0 if log else torch.exp(s))  # d out / ds
-                grad_x += _times(g, ds_dp * inputs.p if logp else ds_dp)
-                grad_d += _times(g, ds_dd)
-        grad_p = grad_x.to(p.dtype).sum_to_size(p.shape) if ctx.needs_input_grad[0] else None
-        grad_delta = (grad_d.to(delta.dtype).sum_to_size(delta.shape)
-                      if ctx.needs_input_grad[1] else None)
-        return grad_p, grad_delta, None, None, None
-
-
-def _times(g, ds):
-    # g * ds, with 0 * inf = 0: an unused edge's infinite derivative adds nothing.
-    return torch.where(g == 0, 0.0, g * ds)
-
-
-def _edge_derivatives(fun: BandFunction, x: Inputs, s, *, lower: bool):
-    """``(ds/dp, ds/d delta)`` of one log-edge (see :class:`ImplicitEdges`)."""
-    ds_dp, ds_dd = _inner_derivatives(fun, x, s)
-    if not lower:
-        return ds_dp, ds_dd
-    one = x.p == 1.0
-    return torch.where(one, _lower_at_one(fun, x, s), ds_dp), ds_dd
-
-
-def _lower_at_one(fun: BandFunction, x: Inputs, s):
-    r"""``ds/dp`` of the lower edge at ``p = 1``, one-sided (from ``p < 1``).
-
-    There ``q`` is floored, so the general formula is meaningless.  Its limit: with
-    ``A = f'(inf)`` and ``K = lim (f(c) - A (c - 1))`` as ``c -> inf``,
-    ``g_p -> f(r) - K - A r + A = delta - K`` and ``g_s -> r (f'(r) - A)``.  ``K = -inf``
-    (kl, hellinger) or ``A = inf`` (chi2: the edge is 1 and opens like a power of ``q``)
-    give ``+inf``; a lower edge at ``r = 0`` stays there (zero).
-    """
-    A = fun.div.fprime_inf
-    K = math.inf if math.isinf(A) else _offset_at_inf(fun.div)
-    inside = (s > -math.inf) & (s < 0.0)
-    if math.isinf(K):
-        return torch.where(inside | (s == 0.0), math.inf, 0.0) + 0.0 * s
-    s_in = torch.where(inside, s, torch.zeros_like(s) - 0.5)
-    g_s = fun.dF(s_in) - torch.exp(s_in) * A
-    return torch.where(inside, -(x.delta - K) / g_s, 0.0)
-
-
-_OFFSETS: dict[str, float] = {}
-
-
-def _offset_at_inf(div) -> float:
-    """``lim f(c) - f'(inf) (c - 1)`` as ``c -> inf`` (sympy; nan where unknown)."""
-    key = str(div.f)
-    if key not in _OFFSETS:
-        import sympy as sp
-
-        from fbands.symbolic import U
-
-        try:
-            value = float(sp.limit(div.f - sp.nsimplify(div.fprime_inf) * (U - 1), U, sp.oo))
-        except (TypeError, ValueError, NotImplementedError):  # pragma: no cover
-            value = math.nan
-        _OFFSETS[key] = value
-    return _OFFSETS[key]
-
-
-#: log of the other token's ratio ``c`` above which ``g_p`` is taken from the intercept (its
-#: plain form loses about ``eps c`` relatively: 1e-12 at ``c = 1e4``).
-LOG_C_CANCEL = math.log(1e4)
-_INTERCEPTS: dict[tuple, object] = {}
-
-
-def _intercept(div, dtype: torch.dtype):
-    r"""The tangent's intercept ``T`` (:attr:`fbands.Divergence.intercept_source`) bound to
-    torch, or None.  Where ``c`` is large, ``g_p = f(r) - f(c) + f'(c) (c - r)`` is a
-    difference of two terms of size ``f'(inf) c`` (``c ~ (1 - r) / q`` for ``p`` next to 1);
-    written as ``f(r) - T(c) - r f'(c)`` it has none."""
-    key = (str(div.f), dtype)
-    if key not in _INTERCEPTS:
-        from fbands import symbolic
-        from fbands.divergences import functions
-
-        src = div.intercept_source
-        _INTERCEPTS[key] = (None if src is None else
-                            symbolic.bind(src, functions(_namespace(dtype))))
-    return _INTERCEPTS[key]
-
-
-def _inner_derivatives(fun: BandFunction, x: Inputs, s):
-    top = s == -x.lp
-    zero = s == -math.inf
-    inside = ~(top | zero) & torch.isfinite(s)
-    s_in = torch.where(inside, s, torch.zeros_like(s) - 0.5)
-    _, g_s = fun.value_and_slope(s_in)
-    sc = fun.s_c(s_in)
-    r = torch.exp(s_in)
-    fprime_c = fun.dF(sc) * torch.exp(-sc)  # f'(c) = F'(s_c) / c
-    g_p = fun.F(s_in) - fun.F(sc) + fprime_c * (1.0 - r) / x.q
-    intercept = _intercept(fun.div, s.dtype)
-    if intercept is not None:  # f(c) - f'(c) (c - r) = T(c) + r f'(c): no cancellation
-        far = sc > LOG_C_CANCEL
-        sc_far = torch.where(far, sc, LOG_C_CANCEL + 1.0 + 0.0 * sc)
-        g_far = fun.F(s_in) - intercept(sc_far) - torch.exp(s_in - sc_far) * fun.dF(sc_far)
-        g_p = torch.where(far, g_far, g_p)
-    ds_dp = torch.where(inside, -g_p / g_s, torch.where(top, -1.0 / x.p, 0.0))
-    ds_dd = torch.where(inside, 1.0 / g_s, 0.0)
-    return ds_dp, ds_dd
+    return ImplicitEdges.apply(p, delta, div, radius,
+                               (solve, log_edges, logp, log, _namespace, _kernels))
 
 
 def device_solver(div, p, delta, *, logp, invalid, check, log, probe: bool):
