@@ -27,6 +27,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("tqdm")
 
 from fbands.rl import train as rl_train  # noqa: E402
+from fbands.rl.checkpoint import sealed  # noqa: E402
 from fbands.rl.config import MAX_THREADS, TrainConfig  # noqa: E402
 
 #: a run of seconds: a small model, no warm start, no evaluation, the clip loss
@@ -73,7 +74,7 @@ def damaged(finished_run, tmp_path, change) -> Path:
     shutil.copytree(finished_run, run)
     saved = torch.load(run / "checkpoint.pt", weights_only=True)
     change(saved)
-    torch.save(saved, run / "checkpoint.pt")
+    torch.save(sealed(saved), run / "checkpoint.pt")  # (damaged entries, a matching digest)
     return run
 
 
@@ -310,7 +311,7 @@ def test_any_damage_to_a_checkpoint_is_one_line_or_a_resume(finished_run, tmp_pa
         for key in path[:-1]:
             holder = holder[key]
         holder[path[-1]] = data.draw(_junk(), label="value")
-        torch.save(saved, ckpt)
+        torch.save(sealed(saved), ckpt)  # (the entries, not the digest, are what is damaged)
     before = {p.name: p.read_bytes() for p in run.iterdir()}
     buffer = io.StringIO()
     with contextlib.redirect_stderr(buffer), contextlib.redirect_stdout(io.StringIO()):

@@ -20,6 +20,7 @@ pytest.importorskip("tqdm")
 from fbands.cli import main as fbands_main  # noqa: E402
 from fbands.rl import evaluate as rl_evaluate  # noqa: E402
 from fbands.rl import train as rl_train  # noqa: E402
+from fbands.rl.checkpoint import sealed  # noqa: E402
 from fbands.rl.compare import compare, compare_seeds, load_run, steps_to  # noqa: E402
 from fbands.rl.config import ConfigError, TrainConfig  # noqa: E402
 from fbands.rl.model import char_tokenizer, load_policy, token_logprobs  # noqa: E402
@@ -514,8 +515,9 @@ def prepared_run(tmp_path, content) -> TrainConfig:
     (run / "config.json").write_text(json.dumps(cfg.to_dict()))
     if isinstance(content, bytes):
         (run / "checkpoint.pt").write_bytes(content)
-    else:
-        torch.save(content, run / "checkpoint.pt")
+    else:  # (a table is sealed with its digest, so that its entries are what is checked)
+        torch.save(sealed(content) if isinstance(content, dict) else content,
+                   run / "checkpoint.pt")
     return cfg
 
 

@@ -1,15 +1,20 @@
 """The trainer's checkpoint: write it atomically, read it safely, check every entry.
 
-:func:`load_checkpoint` reads ``checkpoint.pt`` with ``torch.load(weights_only=True)`` (only
-tensors and plain data: a file that asks to run code is refused, never executed) and checks
-each entry's type and range, so that a damaged or edited file is refused with one
-:class:`~fbands.errors.ConfigError` before a resumed run touches any file of its folder.
-:func:`rng_state_problem` checks the saved random states the same way (the model and the
-optimizer are checked by loading them).
+:func:`save_atomic` writes a :func:`sealed` checkpoint: its entries with the SHA-256 of their
+content (every tensor's bytes, dtype and shape, and every plain value) under
+:data:`DIGEST`.  :func:`load_checkpoint` reads ``checkpoint.pt`` with
+``torch.load(weights_only=True)`` (only tensors and plain data: a file that asks to run code
+is refused, never executed), recomputes the digest (one flipped bit in a weight is found),
+and checks each entry's type and range and that the weights are finite, so that a damaged
+or edited file is refused with one :class:`~fbands.errors.ConfigError` before a resumed run
+touches any file of its folder.  :func:`rng_state_problem` checks the saved random states
+the same way (the model and the optimizer are checked by loading them).
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import math
 import os
 import random
@@ -29,13 +34,67 @@ _CHECKPOINT_ENTRIES = {"model": dict, "optimizer": dict, "rng": dict, "step": in
 _MT_WORDS = 624
 
 
-def save_atomic(obj, path: Path) -> None:
-    """``torch.save`` to a temporary file in the same folder, then rename over ``path``."""
-    with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(f.name, path)
+#: the entry of a checkpoint that holds the SHA-256 of the others (:func:`content_digest`)
+DIGEST = "sha256"
+
+
+def _feed(h, value) -> None:
+    """Add ``value`` (tensors, and plain data holding them) to the hash ``h``: a tag of its
+    kind and size before its content, so that no two values feed the same bytes."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach().to("cpu").contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
+    elif isinstance(value, dict):
+        h.update(f"D{len(value)}|".encode())
+        for key, item in value.items():
+            _feed(h, key)
+            _feed(h, item)
+    elif isinstance(value, list | tuple):
+        h.update(f"{type(value).__name__[0]}{len(value)}|".encode())
+        for item in value:
+            _feed(h, item)
+    else:  # None, bool, int, float (repr is exact), str, bytes, a dtype
+        text = repr(value).encode()
+        h.update(f"{type(value).__name__}{len(text)}|".encode() + text)
+
+
+def content_digest(saved: dict) -> str:
+    """The SHA-256 of a checkpoint's entries (all but :data:`DIGEST`), in their order."""
+    h = hashlib.sha256()
+    _feed(h, {k: v for k, v in saved.items() if k != DIGEST})
+    return h.hexdigest()
+
+
+def sealed(saved: dict) -> dict:
+    """``saved`` with its :func:`content_digest` under :data:`DIGEST`: what
+    :func:`load_checkpoint` accepts as undamaged."""
+    return {**{k: v for k, v in saved.items() if k != DIGEST}, DIGEST: content_digest(saved)}
+
+
+def save_atomic(obj: dict, path: Path) -> None:
+    """``torch.save`` the :func:`sealed` ``obj`` to a temporary file in the same folder, then
+    rename it over ``path``: a reader sees the old checkpoint or the whole new one.
+
+    Raises :class:`OSError` (naming ``path``, and with no temporary file left behind) when
+    the file cannot be written, a full disk say; the previous checkpoint is then intact."""
+    tmp = None
+    try:
+        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, prefix=".",
+                                         suffix=".tmp") as f:
+            tmp = f.name
+            torch.save(sealed(obj), f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as err:  # torch reports a failed write as RuntimeError
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise OSError(f"checkpoint {str(path)!r} could not be written ({reason}); the previous "
+                      "checkpoint is kept: make room (or fix the folder) and resume with "
+                      "--resume") from err
 
 
 def rng_state(device: torch.device) -> dict:
@@ -158,13 +217,40 @@ def _entry_problem(saved: dict) -> str | None:
     return None if broken is None else f"has a damaged 'rng' entry: {broken}"
 
 
+def _digest_problem(saved: dict) -> str | None:
+    """Whether the content of ``saved`` is what was written (None) or was changed since."""
+    recorded = saved.get(DIGEST)
+    if not isinstance(recorded, str):
+        return (f"has no {DIGEST!r} entry, so its content cannot be checked (it was not "
+                "written by fbands train, or by a version before checkpoints carried one)")
+    try:
+        same = content_digest(saved) == recorded
+    except (RuntimeError, TypeError, ValueError):  # a tensor that has no bytes to read
+        same = False
+    if not same:
+        return (f"does not match the {DIGEST} recorded in it: the file was damaged after it "
+                "was written (a bad disk or copy, a flipped bit) or edited")
+    return None
+
+
+def _weights_problem(saved: dict) -> str | None:
+    """Which weight of ``saved['model']`` is NaN or infinite (None: all are finite)."""
+    for name, value in saved["model"].items():
+        if (isinstance(value, torch.Tensor) and value.is_floating_point()
+                and not bool(torch.isfinite(value).all())):
+            return (f"holds non-finite weights ({name!r} has NaN or infinite entries): the "
+                    "run had diverged when it was written")
+    return None
+
+
 def load_checkpoint(path: str | os.PathLike) -> dict:
     """Read a checkpoint written by :func:`fbands.rl.train.train`, safely.
 
     ``torch.load(weights_only=True)`` rebuilds only tensors and plain data: a file that
     asks to run code is refused, never executed.  A file that cannot be read (empty,
-    truncated, corrupt, not a checkpoint), lacks an entry or holds one of the wrong type or
-    out of range (a negative step, a damaged random state) raises :class:`ConfigError`.
+    truncated, corrupt, not a checkpoint), whose content differs from its recorded digest,
+    that lacks an entry or holds one of the wrong type or out of range (a negative step, a
+    damaged random state, non-finite weights) raises :class:`ConfigError`.
     (An empty ``rng`` entry passes here: whether the weights fit is found by loading them.)
     """
     path = Path(path)
@@ -178,7 +264,7 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
     if not isinstance(saved, dict):
         raise ConfigError(f"checkpoint {str(path)!r} holds a {type(saved).__name__}, not an "
                           "fbands checkpoint")
-    broken = _entry_problem(saved)
+    broken = _digest_problem(saved) or _entry_problem(saved) or _weights_problem(saved)
     if broken is not None:
         raise ConfigError(f"checkpoint {str(path)!r} {broken}; restore a good copy, or start "
                           "a new run in another run_dir")

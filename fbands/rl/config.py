@@ -249,15 +249,18 @@ class TrainConfig:
         need(self.tiny_arch in TINY_ARCHS, "tiny_arch", f"must be one of {TINY_ARCHS}")
         need(self.tail_rewarded in TAIL_REWARDED, "tail_rewarded",
              f"must be one of {TAIL_REWARDED}")
-        need(isinstance(self.run_dir, str) and self.run_dir != "", "run_dir", "must be a path")
-        need(isinstance(self.cache_dir, str), "cache_dir", "must be a path ('' : the default)")
+        need(isinstance(self.run_dir, str) and self.run_dir != "" and "\0" not in self.run_dir,
+             "run_dir", "must be a path (with no NUL character)")
+        need(isinstance(self.cache_dir, str) and "\0" not in self.cache_dir, "cache_dir",
+             "must be a path with no NUL character ('' : the default)")
         for name, folder in (("run_dir", Path(self.run_dir)),
                              ("cache_dir", Path(self.cache_dir or default_cache_dir()))):
             blocker = _not_a_folder(folder.expanduser())
             need(blocker is None, name, f"must be a folder, but {str(blocker)!r} is a file")
         need(isinstance(self.extra, dict) and _is_json(self.extra), "extra",
              "must be a table of JSON values (it is saved in config.json)")
-        need(isinstance(self.model, str) and self.model != "", "model", "'tiny' or a directory")
+        need(isinstance(self.model, str) and self.model != "" and "\0" not in self.model, "model",
+             "'tiny' or a directory")
         need(not Path(self.model).expanduser().is_dir() or model_kind(self.model) != "unknown",
              "model", "is a folder without a config.json, so not a Hugging Face model "
              "directory (one holds config.json, the weights and the tokenizer)")

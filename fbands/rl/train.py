@@ -44,7 +44,6 @@ import copy
 import dataclasses
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -70,6 +69,7 @@ from fbands.rl.diagnostics import (
 from fbands.rl.evaluate import answer_metrics, evaluate
 from fbands.rl.model import load_policy, max_positions, token_logprobs, warm_start
 from fbands.rl.rollout import sample
+from fbands.rl.run_folder import claim, keep_metrics, regular_or_absent
 from fbands.rl.tasks import make_task
 
 CHECKPOINT = "checkpoint.pt"
@@ -107,14 +107,6 @@ def _step_seed(seed: int, step: int) -> int:
     return int(np.random.default_rng([seed, step, 1]).integers(2**62))
 
 
-def _logged_step(line: str) -> float:
-    """The step of a metrics line; a line cut short by a kill counts as never written."""
-    try:
-        return json.loads(line)["step"]
-    except (ValueError, KeyError, TypeError):
-        return math.inf
-
-
 #: fields that may differ between a run and its resumption
 #: (run_dir too: the checkpoint was found there, so ./r3, r3/ and /abs/r3 all name the run)
 _RESUMABLE_CHANGES = {"steps", "progress", "checkpoint_every", "threads", "device", "cache_dir",
@@ -143,16 +135,6 @@ def _check_unchanged(cfg: TrainConfig, saved: dict) -> None:
     if changed:
         raise ConfigError(f"resume: options {changed} differ from the saved run "
                           f"{[saved[k] for k in changed]}")
-
-
-def _keep_metrics(path: Path, step: int) -> None:
-    """Keep the lines of ``metrics.jsonl`` up to ``step`` (atomically: a kill keeps all)."""
-    if not path.exists():
-        return
-    kept = [ln for ln in path.read_text().splitlines() if _logged_step(ln) <= step]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(ln + "\n" for ln in kept))
-    os.replace(tmp, path)
 
 
 def _check_positions(cfg: TrainConfig, model, codec, prompts) -> None:
@@ -191,28 +173,41 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
     Raises
     ------
     ConfigError
-        a bad option, a run folder that already holds a run (without ``resume``), a
-        resumed run whose options differ from the saved ones, or a checkpoint that cannot
-        be read safely (:func:`load_checkpoint`)
+        a bad option, a run folder that already holds a run (without ``resume``) or that
+        another process is training in now, a resumed run whose options differ from the
+        saved ones, a checkpoint that cannot be read safely or is damaged
+        (:func:`load_checkpoint`), or a folder or dangling link in place of
+        ``checkpoint.pt`` or ``metrics.jsonl``
+    OSError
+        a checkpoint could not be written (a full disk); the previous one is kept
     NonFiniteLossError
         the loss or the gradient norm was NaN or infinite; ``checkpoint.pt`` still holds the
         last good step
     """
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     cfg.validate()
+    # one process at a time in a run folder (a second is refused while this one runs)
+    with claim(Path(cfg.run_dir), create=not resume, log=log):
+        return _train(cfg, resume, stop_after, log)
+
+
+def _train(cfg: TrainConfig, resume: bool, stop_after: int | None, log) -> dict:
+    """:func:`train` in the run folder it holds."""
     loss_cfg = cfg.loss_config()
     schedule = cfg.schedule()  # None: the radius stays loss_cfg.delta
     run_dir = Path(cfg.run_dir)
     ckpt_path, metrics_path = run_dir / CHECKPOINT, run_dir / METRICS
-    if not resume and (ckpt_path.exists() or metrics_path.exists()):
-        how = ("pass --resume to continue it" if ckpt_path.exists() else
+    # (a folder or a dangling link in their place is an error, never "no checkpoint yet")
+    has_checkpoint = regular_or_absent(ckpt_path, "checkpoint")
+    if not resume and (has_checkpoint or regular_or_absent(metrics_path, "metrics file")):
+        how = ("pass --resume to continue it" if has_checkpoint else
                f"it stopped before its first {CHECKPOINT}: pass --resume to start it again "
                "from step 0")
         raise ConfigError(f"run_dir={cfg.run_dir!r} already holds a run: {how}, or choose "
                           "another run_dir")
     saved = None
     # --resume of a run stopped before its first checkpoint: start it again from step 0
-    restart = resume and not ckpt_path.is_file()
+    restart = resume and not has_checkpoint
     if restart:
         _check_unchanged(cfg, _saved_config(cfg, run_dir / CONFIG))
     elif resume:  # read and check the checkpoint before the expensive set-up
@@ -222,10 +217,6 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
     autocast = _autocast(cfg, device)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(f"run_dir={cfg.run_dir!r} cannot be created: {err}") from err
 
     # 1. task, policy (warm-started), frozen reference, optimizer ---------------------------
     task = make_task(cfg)
@@ -261,12 +252,12 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
         _set_rng_state(saved["rng"], device)
         start_step = saved["step"]
         kl_total = float(saved.get("kl_cumulative", 0.0))
-        _keep_metrics(metrics_path, start_step)  # drop the steps after the checkpoint
+        keep_metrics(metrics_path, start_step)  # drop the steps after the checkpoint
         log(f"resumed {cfg.run_dir} at step {start_step}")
     else:
         torch.manual_seed(cfg.seed)
         if restart:
-            _keep_metrics(metrics_path, 0)
+            keep_metrics(metrics_path, 0)
             log(f"{cfg.run_dir} has no {CHECKPOINT} (the run stopped before its first one): "
                 "starting it again from step 0")
         (run_dir / CONFIG).write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
