@@ -886,3 +886,47 @@ def test_meta_and_sparse_tensors_give_loss_errors():
     with pytest.raises(LossError, match="check must be"):
         policy_loss(torch.full((2, 3), -1.0), torch.full((2, 3), -1.0), torch.ones(2),
                     torch.ones(2, 3), cfg, check=1)
+
+
+# --- issue 42, P14 and P15: a ratio over probability 0, and tensors on two devices ----------
+@pytest.mark.parametrize("name", ["clip", "band-kl", "band-mask-tv", "cispo", "dcpo"])
+def test_an_old_log_probability_of_minus_inf_in_the_mask_is_refused(name):
+    """A sampled token with probability 0 under the policy that sampled it gives an
+    infinite ratio; the loss was a plausible-looking 1.8e34 that no non-finite check
+    caught.  Checked: a LossError naming it; unchecked: nan; outside the mask: nothing."""
+    cfg = preset(name)
+    logp_old = torch.log(torch.tensor([[0.5, 0.2, 0.3]]))
+    logp = logp_old.clone()
+    logp_old[0, 1] = -math.inf
+    adv, mask = torch.tensor([1.0]), torch.ones(1, 3)
+    with pytest.raises(LossError, match=r"logp_old must be > -inf .* at index \(0, 1\)"):
+        policy_loss(logp_old, logp, adv, mask, cfg)
+    loss, _ = policy_loss(logp_old, logp, adv, mask, cfg, check=False)
+    assert math.isnan(loss.item())
+    mask[0, 1] = 0  # a padded position may hold anything
+    loss, _ = policy_loss(logp_old, logp, adv, mask, cfg)
+    assert math.isfinite(loss.item())
+
+
+def test_inputs_on_two_devices_are_a_loss_error_naming_the_argument():
+    """(``meta`` stands in for a second device: the check happens before any value is
+    read.)"""
+    cfg = preset("band-kl")
+    logp_old = torch.log(torch.tensor([[0.5, 0.2]]))
+    args = dict(logp_old=logp_old, logp=logp_old.clone(), advantages=torch.tensor([1.0]),
+                mask=torch.ones(1, 2))
+    band = precompute_band(logp_old, cfg)
+    for name in args:
+        moved = {**args, name: args[name].to("meta")}
+        with pytest.raises(LossError, match=rf"^({name} is on meta|logp is on cpu), but"):
+            policy_loss(cfg=cfg, check=False, **moved)
+    for edge in (0, 1):
+        moved = tuple(e.to("meta") if i == edge else e for i, e in enumerate(band))
+        with pytest.raises(LossError, match="band.log_(lower|upper) is on meta, but logp_old"):
+            policy_loss(**args, cfg=cfg, band=Band(*moved), check=False)
+    with pytest.raises(LossError, match="^weights is on meta"):
+        policy_loss(**args, cfg=cfg, band=band, weights=torch.ones(1, 2, device="meta"))
+    with pytest.raises(LossError, match="^mask is on meta, but logp_old"):
+        precompute_band(logp_old, cfg, mask=torch.ones(1, 2, device="meta"), check=False)
+    with pytest.raises(LossError, match="^mask is on meta, but values"):
+        agg_loss(logp_old, torch.ones(1, 2, device="meta"), "token-mean", check=False)

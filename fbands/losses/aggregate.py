@@ -13,6 +13,7 @@ from fbands.errors import LossError
 from fbands.losses.checks import (
     _any_bad,
     _as_tensor,
+    _check_devices,
     _denominator_checks,
     _mask_checks,
     _poison,
@@ -109,6 +110,7 @@ def _agg_inputs(values, mask, mode: str) -> tuple[Tensor, Tensor]:
     """Type and shape checks of :func:`agg_loss`'s tensors; integer values become float32."""
     values = _as_tensor("values", values)
     mask = _as_tensor("mask", mask)
+    _check_devices(("values", values), ("mask", mask))
     if mode not in AGG_MODES:
         raise LossError(f"unknown agg mode {mode!r}; expected one of {', '.join(AGG_MODES)}")
     if values.shape != mask.shape:

@@ -18,7 +18,14 @@ from torch import Tensor
 
 from fbands._inputs import work_dtype
 from fbands.errors import LossError
-from fbands.losses.checks import _as_tensor, _compute_dtype, _logp_checks, _resolve_check, _validate
+from fbands.losses.checks import (
+    _as_tensor,
+    _check_devices,
+    _compute_dtype,
+    _logp_checks,
+    _resolve_check,
+    _validate,
+)
 from fbands.losses.config import LossConfig
 
 # Stand-in old log-probability at masked-out positions (padding may hold -inf or garbage).
@@ -159,6 +166,7 @@ def precompute_band(
         valid = None
         if mask is not None:
             mask = _as_tensor("mask", mask)
+            _check_devices(("logp_old", logp_old), ("mask", mask))
             if mask.shape != x.shape:
                 raise LossError(
                     f"mask has shape {tuple(mask.shape)}, expected logp_old's {tuple(x.shape)}"

@@ -86,13 +86,21 @@ def _any_bad(checks: list[_Check]) -> Tensor | None:
     return torch.stack([bad.any() for bad, _, _ in checks]).any()
 
 
-def _logp_checks(name: str, x: Tensor, valid: Tensor | None, *, nan: bool) -> list[_Check]:
-    """Elements (where ``valid``) above :data:`LOGP_TOLERANCE`, and NaN ones when ``nan``."""
+def _logp_checks(name: str, x: Tensor, valid: Tensor | None, *, nan: bool,
+                 sampled: bool = False) -> list[_Check]:
+    """Elements (where ``valid``) above :data:`LOGP_TOLERANCE`, NaN ones when ``nan``, and
+    ``-inf`` ones when ``sampled`` (the policy that sampled a token gave it probability > 0:
+    a ratio over 0 is infinite)."""
     x = x.detach()
     found = [(x > LOGP_TOLERANCE, f"{name} must hold log-probabilities (<= 0), not positive "
                                   "values (were negative log-likelihoods passed?)")]
     if nan:
         found.append((torch.isnan(x), f"{name} must not be nan on the tokens of the mask"))
+    if sampled:
+        found.append((x == -math.inf, f"{name} must be > -inf on the tokens of the mask (the "
+                                      "policy that sampled a token cannot have given it "
+                                      "probability 0; is the mask or the sampler's top-k "
+                                      "right?)"))
     return [(bad if valid is None else bad & valid, x, rule) for bad, rule in found]
 
 
@@ -115,11 +123,23 @@ def _mask_checks(mask: Tensor) -> list[_Check]:
     return [(bad, mask, "mask must be 0/1, bool or finite non-negative weights")]
 
 
+def _check_devices(first: tuple[str, Tensor], *others: tuple[str, Tensor | None]) -> None:
+    """Every tensor of ``others`` must be on the device of ``first`` (torch's own error for
+    a mix names no argument)."""
+    name0, t0 = first
+    for name, t in others:
+        if t is not None and t.device != t0.device:
+            raise LossError(f"{name} is on {t.device}, but {name0} is on {t0.device}: put "
+                            "every tensor input of the loss on one device")
+
+
 def _check_inputs(logp_old, logp, advantages, mask):
     logp_old = _as_tensor("logp_old", logp_old)
     logp = _as_tensor("logp", logp)
     advantages = _as_tensor("advantages", advantages)
     mask = _as_tensor("mask", mask)
+    _check_devices(("logp_old", logp_old), ("logp", logp), ("advantages", advantages),
+                   ("mask", mask))
     if logp_old.dim() < 1:
         raise LossError("logp_old must have at least one dimension (tokens)")
     for name, t in (("logp", logp), ("mask", mask)):

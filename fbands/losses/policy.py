@@ -21,6 +21,7 @@ from fbands.losses.checks import (
     _as_tensor,
     _band_checks,
     _check_broadcast,
+    _check_devices,
     _check_inputs,
     _compute_dtype,
     _denominator_checks,
@@ -98,8 +99,9 @@ def policy_loss(
         Passed to :func:`agg_loss` (global denominators for micro-batching).
     check : bool or None
         Validate the values on the tokens of the mask: ``logp_old`` and ``logp`` are
-        log-probabilities (nothing above :data:`LOGP_TOLERANCE`), the band's edges are
-        not nan and not crossed, the mask is finite and non-negative, a denominator
+        log-probabilities (nothing above :data:`LOGP_TOLERANCE`; ``logp_old`` not
+        ``-inf``, since the policy that sampled a token gave it a probability > 0), the
+        band's edges are not nan and not crossed, the mask is finite and non-negative, a denominator
         tensor is finite and > 0; a failure raises :class:`fbands.LossError`.  This costs
         one host synchronisation on a GPU (two when ``band`` is None: the band's own
         check).  ``None`` (default): check when the tensors are on the CPU, where it is
@@ -156,15 +158,18 @@ def policy_loss(
         band = precompute_band(logp_old, cfg, mask=mask, check=check)
     elif not isinstance(band, tuple) or len(band) != 2:
         raise LossError(f"band must be a Band (log_lower, log_upper), got {type(band).__name__}")
-    log_lo, log_hi = (_as_tensor(f"band.{name}", edge).detach().to(dtype)
+    log_lo, log_hi = (_as_tensor(f"band.{name}", edge).detach()
                       for name, edge in zip(Band._fields, band, strict=True))
+    _check_devices(("logp_old", logp_old), ("band.log_lower", log_lo),
+                   ("band.log_upper", log_hi))
+    log_lo, log_hi = log_lo.to(dtype), log_hi.to(dtype)
     if log_lo.shape != logp_old.shape or log_hi.shape != logp_old.shape:
         raise LossError(
             f"band edges of shape {tuple(log_lo.shape)} / {tuple(log_hi.shape)} do not match "
             f"logp_old's {tuple(logp_old.shape)}"
         )
     checks = [
-        *_logp_checks("logp_old", logp_old, valid, nan=False),
+        *_logp_checks("logp_old", logp_old, valid, nan=False, sampled=True),
         *_logp_checks("logp", logp, valid, nan=False),
         *_band_checks(log_lo, log_hi, valid),
         *_mask_checks(mask),
@@ -195,6 +200,7 @@ def policy_loss(
     per_token, upper, lower, dual, trunc = terms  # (B, T) loss and four (B, T) bool masks
     if weights is not None:
         weights = _as_tensor("weights", weights)
+        _check_devices(("logp_old", logp_old), ("weights", weights))
         _check_broadcast("weights", tuple(weights.shape), weights.shape, per_token.shape)
         per_token = per_token * torch.where(valid, weights.detach().to(dtype), zero)
     loss = _aggregate(per_token, mask, cfg.agg, num_tokens, num_seqs, loss_scale_factor)
