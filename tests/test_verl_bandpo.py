@@ -14,6 +14,7 @@ from verl.utils.metric import AggregationType, Metric  # noqa: E402
 
 import fbands.integrations.verl as fv  # noqa: E402
 from fbands import losses as fl  # noqa: E402
+from fbands.errors import ConfigError  # noqa: E402
 from tests.test_verl import BAND_OVERRIDES, band_actor, batch, call, verl_actor  # noqa: E402
 
 
@@ -101,3 +102,33 @@ def test_counts_without_batch_info_are_the_micro_batch_counts():
     buckets = sum(m[f"actor/band/bin{b}_beyond_upper_count"] for b in range(5))
     assert buckets == m["actor/band/beyond_upper_count"]
     assert math.isfinite(m["actor/band/beyond_lower_count"])
+
+
+# --- issue 42, P16: options that were accepted and ignored ----------------------------------
+@pytest.mark.parametrize("value", [1, 0, 2, "1.0", [True]])
+def test_use_soft_clip_is_read_like_relax(value):
+    """``use_soft_clip=1`` was read as true while ``relax=1`` was refused: both now take a
+    bool or true/false text only."""
+    for option in ("use_soft_clip", "relax"):
+        with pytest.raises(ConfigError, match=f"policy_loss.{option} must be true or "
+                                                     "false"):
+            fv.loss_config({option: value})
+    assert fv.loss_config({"use_soft_clip": "false"}).soft is None
+
+
+@pytest.mark.parametrize("mode, method", [("band", 5), ("band", "clip"),
+                                          ("band", "band_mask"), ("band_mask", "cispo"),
+                                          ("band_gppo", "band_clip_x"), ("fbands", 5)])
+def test_a_method_the_loss_mode_ignores_is_refused(mode, method):
+    """With a loss mode that fixes its method, a ``policy_loss.method`` that says another
+    was silently ignored; any method that is not text was too."""
+    with pytest.raises(ConfigError, match="policy_loss.method"):
+        fv.loss_config({"loss_mode": mode, "method": method})
+
+
+def test_the_methods_a_loss_mode_accepts():
+    assert fv.loss_config({"loss_mode": "band_mask", "method": "band_clip"}).method == \
+        "band_mask"  # (band_clip: the dataclass's default, always present)
+    assert fv.loss_config({"loss_mode": "band_mask", "method": "band_mask"}).method == \
+        "band_mask"
+    assert fv.loss_config({"loss_mode": "fbands", "method": "dcpo"}).method == "dcpo"

@@ -67,12 +67,16 @@ def mode_fields(preset, method, mode: str, runs: str | None,
                 error: type[Exception]) -> dict:
     """verl's choice: the fields of ``policy_loss.preset``, or without one ``{"method": ...}``
     of the loss mode (``runs``; None for ``loss_mode=fbands``, which reads
-    ``policy_loss.method``).  A preset must agree with the method the mode runs and with a
-    ``policy_loss.method`` set beside it (other than the default ``band_clip``)."""
+    ``policy_loss.method``).  A ``policy_loss.method`` (other than the default
+    ``band_clip``) must be the one the mode runs, and a preset must agree with both."""
+    if method is not None:
+        as_str("policy_loss.method", method)
+    if runs is not None and method not in (None, "band_clip", runs):  # (band_clip: the default)
+        raise error(f"policy_loss.method={method!r} has no effect with loss_mode={mode!r}, "
+                    f"which runs {runs!r}; use loss_mode=fbands to choose the method")
     if preset is None:
-        if runs is not None:
-            return {"method": runs}
-        return {"method": as_str("policy_loss.method", "band_clip" if method is None else method)}
+        return {"method": runs if runs is not None else
+                "band_clip" if method is None else method}
     named = preset_fields(preset, "policy_loss.preset", error)
     if runs is not None and runs != named["method"]:
         raise error(f"policy_loss.preset={preset!r} is method {named['method']!r}, but "

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from fbands.errors import ConfigError
+from fbands.integrations._options import as_bool
 from fbands.losses.terms import side_masks
 
 #: BandPO's name of a ``policy_loss`` option -> fbands' field.
@@ -47,12 +49,13 @@ def resolve_aliases(get: Callable[[str], Any], defaults: Mapping[str, Any],
     for alias, name in BANDPO_ALIASES.items():
         value = get(alias)
         if name == "soft" and (use_soft is not None or value is not None):
-            if use_soft not in (True, False, "true", "false", "True", "False"):
-                raise error(f"policy_loss.use_soft_clip must be true or false, got {use_soft!r}"
-                            if use_soft is not None else
-                            "policy_loss.soft_clip_methods is ignored by BandPO without "
+            if use_soft is None:
+                raise error("policy_loss.soft_clip_methods is ignored by BandPO without "
                             "use_soft_clip=true; set both, or use policy_loss.soft")
-            use_soft = use_soft in (True, "true", "True")
+            try:  # (read as relax is: 1 is not true, "false" is not true)
+                use_soft = as_bool("policy_loss.use_soft_clip", use_soft)
+            except ConfigError as err:
+                raise error(str(err)) from None
             if not use_soft and value is not None:
                 raise error("policy_loss.soft_clip_methods is ignored by BandPO without "
                             "use_soft_clip=true; set both, or use policy_loss.soft")
