@@ -71,12 +71,11 @@ myst_dmath_double_inline = True
 autodoc_default_options = {"member-order": "bysource"}
 autodoc_typehints = "signature"
 autodoc_preserve_defaults = True
-# Optional third-party packages (extras verl, trl, rl) that a module may import at module
-# level: the pages are built without them when they are not installed.
+# Third-party packages that a module imports at module level (found by reading the sources:
+# verl and omegaconf, trl, transformers, ...): the pages are built without those that are not
+# installed, so the docs extra alone builds every page.
 autodoc_mock_imports = [
-    name
-    for name in ("verl", "trl", "transformers", "tqdm")
-    if not fbands_docs.module_exists(name)
+    name for name in fbands_docs.third_party_imports() if not fbands_docs.module_exists(name)
 ]
 napoleon_google_docstring = False
 napoleon_numpy_docstring = True

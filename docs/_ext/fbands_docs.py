@@ -69,6 +69,23 @@ def module_exists(name: str) -> bool:
         return False
 
 
+def third_party_imports(package: Path = ROOT / "fbands") -> list[str]:
+    """The top-level names of the modules that ``package``'s modules import at module level
+    and that are neither the standard library's nor fbands': what ``autodoc`` must mock when
+    an extra is not installed (``omegaconf`` comes with verl, say)."""
+    import ast
+    import sys
+
+    found = set()
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.Import):
+                found.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+    return sorted(found - set(sys.stdlib_module_names) - {"fbands", "__future__"})
+
+
 def _write_if_changed(path: Path, text: str) -> None:
     """Write ``text`` unless the file already holds it (keeps Sphinx's incremental build)."""
     path.parent.mkdir(parents=True, exist_ok=True)
