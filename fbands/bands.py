@@ -79,7 +79,9 @@ def bounds(
     backend : {"auto", "numpy", "numba", "torch", "cvxpy"}
         ``auto`` takes torch for tensors, numba for arrays of 65536 elements or more
         (its compiled passes; the first call of a divergence compiles them once per
-        machine), and numpy for the rest (nothing to compile).
+        machine), and numpy for the rest (nothing to compile).  ``cvxpy`` is the
+        independent reference (convex programs): each edge it returns is certified to
+        1e-5 relative, and an edge it cannot certify is nan, with a ``RuntimeWarning``.
     logp : bool
         ``p`` holds log-probabilities.
     invalid : {"raise", "nan"}

@@ -10,15 +10,32 @@ new distribution ``pi`` (an n-vector), and the edges are the optimal values of
     \\sum_x \\pi_{\\mathrm{old}}(x)\\, f\\!\\left(\\frac{\\pi(x)}{\\pi_{\\mathrm{old}}(x)}\\right)
     \\le \\delta,\\ \\ \\sum_x \\pi(x) = 1,\\ \\ \\pi \\ge 0,
 
-divided by ``pi_old(a)``.  Interior-point accuracy is about 1e-7 relative, and each band
-costs two conic solves: use it to check, not to train.
+divided by ``pi_old(a)``.  Each band costs two to six conic solves: use it to check, not to
+train.
 
 Each solution is checked: the constraint must hold at the returned ``pi``, the edges must
 bracket 1 (``pi = pi_old`` is feasible) and the upper one may not give ``pi(a)`` more than
 1, to :data:`CONSTRAINT_TOLERANCE` and :data:`TOLERANCE` relative; edges within the latter
-of 1 (or of ``1 / p``) are set to it.  A solve that fails a check, or that the solver gives up
-on (tiny ``p`` is beyond its precision), raises :class:`~fbands.errors.SolverError` in
-:func:`reference_band` and gives NaN for that element in the backend.
+of 1 (or of ``1 / p``) are set to it.
+
+**Accuracy.**  An interior-point solver is accurate to about 1e-8 *absolute* in its variables,
+so a lower edge ``r`` with ``p r`` near that is not resolved at all (kl's ``exp(-delta / p)``
+is 1e-44 at ``p = 1e-3``, ``delta = 0.1``; such edges used to come back finite and up to 1e80
+times too large).  Two-token problems (the backend's, and :func:`reference_band` with two
+tokens) are therefore certified edge by edge (:func:`_certified_edge`): the sampled token's
+variable is its ratio, so the objective is the edge itself, and the edge is accepted only
+when the divergence, evaluated at the two-token distributions of ratios
+``e (1 -+ EDGE_TOLERANCE)``, puts them on the two sides of ``delta``; a saturated edge (0 or
+``1 / p``) is certified exactly.  Every edge the backend returns is thus within
+:data:`EDGE_TOLERANCE` (1e-5) relative of the band's, or exact where saturated.  Programs
+over more tokens keep the checks above only (accuracy about 1e-6 of ``pi``).
+
+A solve that fails a check or its certificate, or that the solver gives up on, raises
+:class:`~fbands.errors.SolverError` in :func:`reference_band`; in the backend that edge is NaN
+(each edge apart) and a :class:`RuntimeWarning` counts the NaN edges and gives the first
+reason.  Measured over the built-ins and alpha(1/2, 3, -1), ``p`` from 1e-12 to 1 - 1e-9 and
+``delta`` from 1e-6 to 10, about one edge in six is NaN (tiny lower edges, most edges at
+``p <= 1e-8``, alpha(3) and alpha(-1) at ``delta = 1e-6``), and none is wrong.
 
 Near ``p = 1`` the other token's mass ``1 - p`` falls below what the solver resolves
 (:data:`SMALLEST_MASS`).  There the backend returns the band at that mass when the band
@@ -31,6 +48,7 @@ from __future__ import annotations
 
 import math
 import operator
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -46,6 +64,8 @@ from fbands.errors import BandError, DivergenceError, SolverError
 TOLERANCE = 1e-6
 #: ... and on the constraint: loose, as terms weigh 1 / pi_old and amplify the residual.
 CONSTRAINT_TOLERANCE = 0.05
+#: Relative accuracy certified for each edge of a two-token problem (see :func:`_certified`).
+EDGE_TOLERANCE = 1e-5
 #: The smallest mass of the second token that the backend hands to the solver.
 SMALLEST_MASS = 1e-9
 
@@ -164,11 +184,35 @@ def reference_band(
     if not 0 <= index < old.size:
         raise BandError(f"index {index} out of range for {old.size} tokens")
     delta = _checks.positive("delta", delta, BandError)
-    pi = cp.Variable(old.size, nonneg=True)
+    if old.size == 2:  # each edge certified (see _certified_edge)
+        return tuple(_certified_edge(cp, build, old, index, delta, solver, lower=lower)
+                     for lower in (True, False))
+    return _program(cp, build, old, index, delta, solver, scaled=False)
+
+
+def _problem(cp, build, old, index, delta, *, scaled: bool):
+    """``(x, objective, constraints, divergence, unit)``: the convex program in the
+    variable ``x``, whose edge is ``objective.value / unit``.
+
+    ``scaled``: the sampled token's variable is its ratio ``r = pi(a) / p``, so that the
+    objective is the edge itself, of order 1, where ``pi(a) = p r`` is as small as ``p`` and
+    the solver's absolute tolerance swamps it; the others stay probabilities (their ratios
+    reach ``1 / q``).  Otherwise every variable is a probability (better near ``p = 1``).
+    """
+    scale = np.ones(old.size)
+    if scaled:
+        scale[index] = old[index]
+    x = cp.Variable(old.size, nonneg=True)
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        divergence = build(cp, pi, old)
-    constraints = [cp.sum(pi) == 1, divergence <= delta]
-    lo, hi = (_optimum(cp, sense, pi, index, old, constraints, divergence, delta, solver)
+        divergence = build(cp, cp.multiply(scale, x), old)
+    constraints = [scale @ x == 1, divergence <= delta]
+    return x, constraints, divergence, 1.0 if scaled else float(old[index])
+
+
+def _program(cp, build, old, index, delta, solver, *, scaled: bool) -> tuple[float, float]:
+    """Both edges of the program over ``old.size`` tokens, checked (module docstring)."""
+    x, constraints, divergence, unit = _problem(cp, build, old, index, delta, scaled=scaled)
+    lo, hi = (_optimum(cp, sense, x, index, constraints, divergence, delta, solver) / unit
               for sense in (cp.Minimize, cp.Maximize))
     top = 1.0 / old[index]
     if lo > 1 + TOLERANCE or hi < 1 - TOLERANCE or hi > top * (1 + TOLERANCE):
@@ -177,49 +221,107 @@ def reference_band(
     return min(lo, 1.0), min(max(hi, 1.0), top)
 
 
-def _optimum(cp, sense, pi, index, old, constraints, divergence, delta, solver) -> float:
+def _certified_edge(cp, build, old, index, delta, solver, *, lower: bool) -> float:
+    """One edge of a two-token problem, certified to :data:`EDGE_TOLERANCE` relative, or a
+    :class:`SolverError`.
+
+    With two tokens the distribution of ratio ``r`` is fixed, ``(p r, 1 - p r)``, so the
+    divergence's own DCP expression, evaluated there, says on which side of ``delta`` a ratio
+    lies.  A saturated edge (0 or ``1 / p``) is certified by the divergence there being
+    within ``delta``, without a solve.  Otherwise the edge ``e`` the program gives (scaled
+    first, then plain: see :func:`_problem`) is accepted when the ratios
+    ``e (1 -+ EDGE_TOLERANCE)`` lie on the two sides of the band's boundary, so that the true
+    edge lies between them.  An interior-point answer that only looks feasible (a tiny edge
+    below the solver's resolution, or one it stopped short of) fails.
+    """
+    p = float(old[index])
+    point = cp.Variable(2, nonneg=True)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        expr = build(cp, point, old)
+
+    def inside(r):
+        v = np.empty(2)
+        v[index], v[1 - index] = p * r, max(1.0 - p * r, 0.0)
+        point.value = v
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            value = expr.value
+        return value is not None and value <= delta
+
+    tol, top = EDGE_TOLERANCE, 1.0 / p
+    if inside(0.0 if lower else top):
+        return 0.0 if lower else top
+    reasons = []
+    for scaled in (True, False):
+        x, constraints, divergence, unit = _problem(cp, build, old, index, delta,
+                                                    scaled=scaled)
+        sense = cp.Minimize if lower else cp.Maximize
+        try:
+            e = _optimum(cp, sense, x, index, constraints, divergence, delta, solver) / unit
+        except SolverError as exc:
+            reasons.append(str(exc))
+            continue
+        if lower:
+            e = min(e, 1.0)
+            if e > 0 and inside(min(e * (1 + tol), 1.0)) and not inside(e * (1 - tol)):
+                return e
+        else:
+            e = min(max(e, 1.0), top)
+            if inside(max(e * (1 - tol), 1.0)) and not inside(min(e * (1 + tol), top)):
+                return e
+        reasons.append(f"its edge {e:.9g} fails the certificate")
+    edge = "lower" if lower else "upper"
+    raise SolverError(f"cvxpy's {edge} edge is not within {tol:g} of the band's boundary "
+                      f"(p = {p:.3g}, delta = {delta:g}): {'; '.join(reasons)}")
+
+
+def _optimum(cp, sense, x, index, constraints, divergence, delta, solver) -> float:
     # One edge, its solution checked against the constraint (see the module docstring).
-    problem = cp.Problem(sense(pi[index]), constraints)
+    problem = cp.Problem(sense(x[index]), constraints)
     try:
         with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
             problem.solve(solver=solver)
     except (cp.error.SolverError, ValueError) as exc:
         raise SolverError(f"cvxpy could not solve the band problem: {exc}") from None
-    if problem.status not in ("optimal", "optimal_inaccurate") or pi.value is None:
+    if problem.status not in ("optimal", "optimal_inaccurate") or x.value is None:
         raise SolverError(f"cvxpy could not solve the band problem: {problem.status}")
     value = divergence.value
     if value is None or not value <= delta * (1 + CONSTRAINT_TOLERANCE):
         raise SolverError(f"cvxpy's solution breaks the constraint: D = {value} > {delta}")
-    return max(float(pi.value[index]), 0.0) / float(old[index])
+    return max(float(x.value[index]), 0.0)
 
 
 def _solve(div, x: NumpyInputs):
+    cp, build = _cp(), expression(get(div))
     lo = np.full(x.p.shape, math.nan)
     hi = np.full(x.p.shape, math.nan)
+    failed = []
     for i in np.ndindex(x.p.shape):
         if x.bad[i]:
             continue
         p, delta = float(x.p[i]), float(x.delta[i])
-        try:
-            if 1.0 - p >= SMALLEST_MASS:
-                lo[i], hi[i] = reference_band([p, 1.0 - p], 0, delta, div)
-            else:
-                lo[i], hi[i] = _near_one(p, delta, div)
-        except SolverError:  # beyond the solver (see the module docstring): nan
-            continue
+        for edges, lower in ((lo, True), (hi, False)):
+            try:
+                edges[i] = _edge(cp, build, p, delta, lower=lower)
+            except SolverError as exc:  # beyond the solver (see the module docstring): nan
+                failed.append(str(exc))
+    if failed:
+        warnings.warn(f"the cvxpy reference left {len(failed)} band edge(s) nan: it could "
+                      f"not certify them to {EDGE_TOLERANCE:g} relative (first: {failed[0]})",
+                      RuntimeWarning, stacklevel=5)
     return lo, hi
 
 
-def _near_one(p: float, delta: float, div) -> tuple[float, float]:
-    """The band at ``1 - p < SMALLEST_MASS``: the one at that mass where it has converged
-    (see the module docstring), else a :class:`SolverError`."""
-    bands = [reference_band([1.0 - q, q], 0, delta, div) for q in (SMALLEST_MASS,
-                                                                  10 * SMALLEST_MASS)]
-    (lo, hi), (lo10, hi10) = bands
-    if abs(lo - lo10) > TOLERANCE * lo10 or abs(hi - hi10) > TOLERANCE * hi10:
-        raise SolverError(f"the band does not converge as p -> 1 within the solver's reach "
-                          f"(lower {lo10:.9g} -> {lo:.9g})")
-    return lo, min(hi, 1.0 / p)
+def _edge(cp, build, p: float, delta: float, *, lower: bool) -> float:
+    """One certified edge of the two-token problem of ``p``; below :data:`SMALLEST_MASS`,
+    the one at that mass where it has converged (see the module docstring)."""
+    if 1.0 - p >= SMALLEST_MASS:
+        return _certified_edge(cp, build, np.array([p, 1.0 - p]), 0, delta, None, lower=lower)
+    e, e10 = (_certified_edge(cp, build, np.array([1.0 - q, q]), 0, delta, None, lower=lower)
+              for q in (SMALLEST_MASS, 10 * SMALLEST_MASS))
+    if abs(e - e10) > TOLERANCE * e10:
+        raise SolverError(f"the {'lower' if lower else 'upper'} edge does not converge as "
+                          f"p -> 1 within the solver's reach ({e10:.9g} -> {e:.9g})")
+    return e if lower else min(e, 1.0 / p)
 
 
 def exact(div, p, delta, *, logp, invalid, check, log):
