@@ -68,7 +68,7 @@ def test_readme_quick_tour_runs_as_pasted(tmp_path, monkeypatch):
     pytest.importorskip("cvxpy")  # reference_band; the README says so
     monkeypatch.chdir(tmp_path)
     tour = section(ROOT / "README.md", "## Quick tour")
-    assert "fbands[torch,cvxpy]" in tour  # the extras it needs are named
+    assert '".[torch,cvxpy]"' in tour  # the extras it needs are named
     found = blocks(tour)
     assert [kind for kind, _, _ in found] == ["python", "python"]
     namespace: dict = {}
@@ -92,7 +92,7 @@ def test_tutorial_installs_torch_before_it_is_used():
     text = (ROOT / "docs" / "tutorial.md").read_text()
     install = text[text.index("## 1. Install"):text.index("## 2.")]
     first = install.index("```bash")
-    assert re.search(r'pip install "fbands\[[^"]*torch', install[first:]), install
+    assert re.search(r'pip install "(fbands|\.)\[[^"]*torch', install[first:]), install
     assert text.index("import torch") > text.index("## 2.")
 
 

@@ -329,6 +329,26 @@ def test_torch_backend_and_losses(torch_env):
     assert got["grad"][0] == 0.0 and got["grad"][1] != 0.0
 
 
+@pytest.mark.slow
+def test_an_extra_is_added_by_name_to_an_installed_fbands(torch_env):
+    """What the install page says: fbands is not on PyPI, but once installed (here from the
+    wheel) ``pip install "fbands[EXTRA]"`` adds an extra by name, as the error messages
+    suggest; pip reads the extras from the installed copy."""
+    _pip(torch_env["python"], "fbands[plot]", TORCH)
+    got = _check(torch_env, """
+        import json, fbands.plotting, matplotlib
+        fbands.plotting.plot_bands(["kl"], 0.05, "band.png")
+        print(json.dumps({"fbands": fbands.__version__}))
+    """)
+    assert got["fbands"] == fbands.__version__ and (torch_env["work"] / "band.png").exists()
+
+
+def test_the_install_page_names_the_wheel_it_builds():
+    """The install page's wheel command names this version's file."""
+    text = (ROOT / "docs" / "install.md").read_text()
+    assert f"dist/fbands-{fbands.__version__}-py3-none-any.whl" in text
+
+
 @pytest.mark.parametrize("extra, package", [("trl", "trl"), ("verl", "verl")])
 def test_version_check_covers_the_ends_of_each_plugin_range(extra, package):
     """scripts/check_versions.sh tests the oldest and newest release the extra allows."""
