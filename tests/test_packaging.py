@@ -192,6 +192,8 @@ def test_wheel_holds_every_module_and_the_core_metadata(dists):
     assert core == CORE
     extras = set(re.findall(r"^Provides-Extra: (.+)$", meta, re.M))
     assert {"torch", "cvxpy", "plot", "rl", "verl", "trl", "docs", "dev", "all"} <= extras
+    (license_file,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+    assert b"Apache License" in zipfile.ZipFile(dists["wheel"]).read(license_file)
 
 
 @pytest.mark.slow
