@@ -21,17 +21,18 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 
 if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
   spec="${FBANDS_TORCH:-torch==2.13.0}"
-  echo "[bootstrap] installing $spec"
+  echo "[bootstrap] installing $spec (the first time: a minute or more; pip shows its progress)"
   # shellcheck disable=SC2086
-  "${pip[@]}" install -q $spec
+  "${pip[@]}" install --progress-bar off $spec | { grep -v '^Requirement already satisfied' || true; }
 fi
 
 # Reinstall only when the project metadata or the extras changed.
 stamp="$venv/.fbands-installed"
 want="$(sha256sum pyproject.toml | cut -d' ' -f1) $extras"
 if [ ! -f "$stamp" ] || ! grep -qxF "$want" "$stamp"; then
-  echo "[bootstrap] installing fbands[$extras] (editable)"
-  "${pip[@]}" install -q -e ".[$extras]"
+  echo "[bootstrap] installing fbands[$extras] (editable; the first time it installs the" \
+       "dependencies too: a few minutes, pip names each package as it goes)"
+  "${pip[@]}" install --progress-bar off -e ".[$extras]" | { grep -v '^Requirement already satisfied' || true; }
   # "$want" may list a subset of what is already there; keep every line seen.
   echo "$want" >> "$stamp"
 fi
