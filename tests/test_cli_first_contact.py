@@ -165,3 +165,23 @@ def test_argument_errors_are_one_line(capsys):
         err = capsys.readouterr().err
         assert err.startswith("fbands: error: ") and err.count("\n") == 1, err
         assert f"(see: fbands {argv[0]} --help)" in err
+
+
+_BAD_TRAIN_OPTIONS = """
+import sys
+from fbands.cli import main
+code = main(["train", "--lr", "-1", "--run-dir", {run!r}])
+print(code, sorted(m for m in ("torch", "transformers") if m in sys.modules))
+"""
+
+
+def test_a_bad_train_option_is_reported_before_torch_loads(tmp_path):
+    """A mistake in an option took seconds to report (torch and transformers loaded first);
+    it is now found before either is imported, and nothing is written."""
+    pytest.importorskip("torch")
+    run = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-c", _BAD_TRAIN_OPTIONS.format(run=str(run))],
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.split("\n")[-2] == "2 []", out.stdout + out.stderr
+    assert out.stderr.strip() == "fbands: error: lr=-1.0: must be a finite number > 0"
+    assert not run.exists()

@@ -137,10 +137,11 @@ def register(subparsers) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    # options first: a mistake is reported before torch and transformers load (seconds)
+    cfg = _config_from_args(args).validate()  # (a ConfigError: one line, exit 2)
     from fbands.rl.train import NonFiniteLossError, train
 
-    try:  # a ConfigError reaches fbands.cli.main, which prints it on one line (exit 2)
-        cfg = _config_from_args(args).validate()
+    try:
         last = train(cfg, resume=args.resume)
     except NonFiniteLossError as err:
         print(f"fbands train: {err}", file=sys.stderr)
