@@ -19,6 +19,7 @@ from typing import Any
 from fbands import _checks
 from fbands.errors import ConfigError
 from fbands.rl.pretrained import PRETRAINED, default_cache_dir, model_kind
+from fbands.rl.report import parse_report_to
 from fbands.rl.tasks import TAIL_REWARDED
 
 TASKS = ("tail", "addition", "sum", "larger", "word", "verify")
@@ -117,6 +118,8 @@ HELP = {
     "mechanism_metrics": "one more no-grad forward after each step's updates: the change "
                          "of log p of the sampled tokens by old probability and sign of the "
                          "advantage, and the step's KL(old || new) (kl/update, kl/cumulative)",
+    "report_to": "viewers besides metrics.jsonl, comma-separated: tensorboard (events in "
+                 "run_dir/tensorboard), wandb ('' : none)",
     "checkpoint_every": "atomic checkpoint every N steps (0: only at the end)",
     "progress": "progress bar on stderr",
 }
@@ -210,6 +213,7 @@ class TrainConfig:
     eval_prompts: int = 32
     eval_samples: int = 0  # > 0: pass@1 and pass@N of N samples per held-out prompt
     mechanism_metrics: bool = True  # one more forward a step: what the update did
+    report_to: str = ""  # "tensorboard", "wandb", or both comma-separated; "" : none
     checkpoint_every: int = 10  # 0 saves only at the end
     progress: bool = True
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes kept in config.json
@@ -257,6 +261,7 @@ class TrainConfig:
                              ("cache_dir", Path(self.cache_dir or default_cache_dir()))):
             blocker = _not_a_folder(folder.expanduser())
             need(blocker is None, name, f"must be a folder, but {str(blocker)!r} is a file")
+        parse_report_to(self.report_to)  # (a ConfigError naming the option)
         need(isinstance(self.extra, dict) and _is_json(self.extra), "extra",
              "must be a table of JSON values (it is saved in config.json)")
         need(isinstance(self.model, str) and self.model != "" and "\0" not in self.model, "model",

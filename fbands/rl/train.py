@@ -68,6 +68,7 @@ from fbands.rl.diagnostics import (
 )
 from fbands.rl.evaluate import answer_metrics, evaluate
 from fbands.rl.model import load_policy, max_positions, token_logprobs, warm_start
+from fbands.rl.report import Reporter
 from fbands.rl.rollout import sample
 from fbands.rl.run_folder import claim, keep_metrics, regular_or_absent
 from fbands.rl.tasks import make_task
@@ -110,7 +111,7 @@ def _step_seed(seed: int, step: int) -> int:
 #: fields that may differ between a run and its resumption
 #: (run_dir too: the checkpoint was found there, so ./r3, r3/ and /abs/r3 all name the run)
 _RESUMABLE_CHANGES = {"steps", "progress", "checkpoint_every", "threads", "device", "cache_dir",
-                      "run_dir"}
+                      "run_dir", "report_to"}
 
 
 def _saved_config(cfg: TrainConfig, path: Path) -> dict:
@@ -187,12 +188,13 @@ def train(cfg: TrainConfig, *, resume: bool = False, stop_after: int | None = No
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     cfg.validate()
     # one process at a time in a run folder (a second is refused while this one runs)
-    with claim(Path(cfg.run_dir), create=not resume, log=log):
-        return _train(cfg, resume, stop_after, log)
+    with claim(Path(cfg.run_dir), create=not resume, log=log), contextlib.ExitStack() as done:
+        return _train(cfg, resume, stop_after, log, done)
 
 
-def _train(cfg: TrainConfig, resume: bool, stop_after: int | None, log) -> dict:
-    """:func:`train` in the run folder it holds."""
+def _train(cfg: TrainConfig, resume: bool, stop_after: int | None, log,
+           done: contextlib.ExitStack) -> dict:
+    """:func:`train` in the run folder it holds (``done`` closes what it opens)."""
     loss_cfg = cfg.loss_config()
     schedule = cfg.schedule()  # None: the radius stays loss_cfg.delta
     run_dir = Path(cfg.run_dir)
@@ -270,6 +272,8 @@ def _train(cfg: TrainConfig, resume: bool, stop_after: int | None, log) -> dict:
                       **({"delta_schedule": schedule.state_dict()}
                          if schedule is not None and schedule.adaptive else {})}, ckpt_path)
 
+    reporter = done.enter_context(Reporter(cfg.report_to, run_dir, start_step=start_step,
+                                           config=cfg.to_dict()))
     from tqdm.auto import tqdm
 
     bar = tqdm(total=cfg.steps, initial=start_step, file=sys.stderr, disable=not cfg.progress,
@@ -428,6 +432,7 @@ def _train(cfg: TrainConfig, resume: bool, stop_after: int | None, log) -> dict:
             row |= evaluate(model, codec, task, eval_prompts, cfg, step, device, autocast)
         with metrics_path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+        reporter.log(row)
         if (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0) \
                 or step + 1 == cfg.steps:
             save_checkpoint(step + 1)
