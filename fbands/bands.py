@@ -8,24 +8,50 @@ implementation; the input contract itself (validation, broadcasting, error messa
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal, TypeAlias, overload
+
+import numpy as np
 
 from fbands._dispatch import BACKENDS, PATHS, compute
 from fbands.divergences import Divergence
 
+if TYPE_CHECKING:
+    import torch
+
+#: What ``p`` and ``delta`` may be: a Python number, a sequence of them or a numpy array
+#: (arrays come back), or a torch tensor.
+Values: TypeAlias = "float | Sequence[float] | np.ndarray | torch.Tensor"
+Backend: TypeAlias = Literal["auto", "numpy", "numba", "torch", "cvxpy"]
+Invalid: TypeAlias = Literal["raise", "nan"]
+
 __all__ = ["bounds", "log_bounds", "BACKENDS", "PATHS"]
 
 
+@overload
+def log_bounds(p: float, delta: float, div: str | Divergence = ..., backend: Backend = ...,
+               *, logp: bool = ..., invalid: Invalid = ...,
+               check: bool = ...) -> tuple[float, float]: ...
+@overload
+def log_bounds(p: torch.Tensor, delta: Values, div: str | Divergence = ..., backend: Backend = ...,
+               *, logp: bool = ..., invalid: Invalid = ...,
+               check: bool = ...) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def log_bounds(p: Values, delta: Values, div: str | Divergence = ..., backend: Backend = ...,
+               *, logp: bool = ..., invalid: Invalid = ...,
+               check: bool = ...) -> tuple[np.ndarray, np.ndarray]: ...
+
+
 def log_bounds(
-    p: Any,
-    delta: Any,
+    p: Values,
+    delta: Values,
     div: str | Divergence = "kl",
-    backend: str = "auto",
+    backend: Backend = "auto",
     *,
     logp: bool = False,
-    invalid: str = "raise",
+    invalid: Invalid = "raise",
     check: bool = True,
-):
+) -> tuple:
     r"""Log-edges ``(log lower, log upper)`` of the band of ratios allowed by ``D_f <= delta``.
 
     The same as :func:`bounds` in log space: exact where ``lower`` underflows (``log lower``
@@ -43,16 +69,30 @@ def log_bounds(
     return compute("log_edges", div, p, delta, backend, logp=logp, invalid=invalid, check=check)
 
 
+@overload
+def bounds(p: float, delta: float, div: str | Divergence = ..., backend: Backend = ...,
+         *, logp: bool = ..., invalid: Invalid = ...,
+         check: bool = ...) -> tuple[float, float]: ...
+@overload
+def bounds(p: torch.Tensor, delta: Values, div: str | Divergence = ..., backend: Backend = ...,
+         *, logp: bool = ..., invalid: Invalid = ...,
+         check: bool = ...) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def bounds(p: Values, delta: Values, div: str | Divergence = ..., backend: Backend = ...,
+         *, logp: bool = ..., invalid: Invalid = ...,
+         check: bool = ...) -> tuple[np.ndarray, np.ndarray]: ...
+
+
 def bounds(
-    p: Any,
-    delta: Any,
+    p: Values,
+    delta: Values,
     div: str | Divergence = "kl",
-    backend: str = "auto",
+    backend: Backend = "auto",
     *,
     logp: bool = False,
-    invalid: str = "raise",
+    invalid: Invalid = "raise",
     check: bool = True,
-):
+) -> tuple:
     r"""The band ``[lower, upper]`` of ratios ``r = pi(a) / p`` inside an f-divergence ball.
 
     For a token whose old probability is ``p``, ``r`` is allowed when some new distribution
