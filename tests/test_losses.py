@@ -879,7 +879,8 @@ def test_meta_and_sparse_tensors_give_loss_errors():
         policy_loss(meta, meta, torch.ones(2, device="meta"), torch.ones(2, 3, device="meta"),
                     cfg, check=True)
     with pytest.raises(LossError, match="meta"):
-        precompute_band(meta, cfg)
+        precompute_band(meta, cfg, check=True)
+    assert precompute_band(meta, cfg).log_lower.is_meta  # by default checked on the CPU only
     sparse = torch.full((2, 3), -1.0).to_sparse()
     with pytest.raises(LossError, match="dense"):
         policy_loss(sparse, sparse, torch.ones(2), torch.ones(2, 3), cfg)

@@ -113,7 +113,7 @@ def dcpo_log_bounds(logp_old: Tensor, eps_low: float, eps_high: float) -> Band:
 
 
 def precompute_band(
-    logp_old: Tensor, cfg: LossConfig | None = None, *, mask=None, check: bool | None = True
+    logp_old: Tensor, cfg: LossConfig | None = None, *, mask=None, check: bool | None = None
 ) -> Band:
     r"""The band of every token, from the old log-probabilities; compute once per batch.
 
@@ -137,10 +137,11 @@ def precompute_band(
     check : bool or None
         Validate ``logp_old`` on the tokens of the mask: a value above
         :data:`LOGP_TOLERANCE` (not a log-probability; values in ``(0, 1e-3]`` count as 0)
-        or a nan raises :class:`fbands.LossError`.  The check costs one host
-        synchronisation on a GPU; ``False`` skips it (for CUDA graphs), and such a token
-        then gets nan edges, which make :func:`policy_loss` nan.  ``None``: check when
-        ``logp_old`` is on the CPU, where it costs nothing.
+        or a nan raises :class:`fbands.LossError`.  ``None`` (default): check when
+        ``logp_old`` is on the CPU, where it costs nothing, and skip on an accelerator,
+        where it would cost one host synchronisation, as :func:`policy_loss` does;
+        ``True`` checks on any device, ``False`` nowhere.  Unchecked, such a token gets
+        nan edges, which make :func:`policy_loss` nan (never a plausible value).
 
     Returns
     -------
