@@ -5,6 +5,12 @@
 gradient (above the upper edge with a positive advantage, below the lower edge with a
 negative one), and a *tail* token when :math:`\\pi_{old} < 0.1`.  The paper's claim is that
 a fixed clip mostly stops tail tokens with positive advantage, and a band far less.
+
+The functions that return tensors (:func:`tail_clip_counts`, :func:`update_stats`) make
+the host wait for nothing: a trainer sums them on the device and reads them once per step.
+Those that return Python numbers (:func:`clip_split_metrics`, :func:`logp_change_by_bin`,
+:func:`tail_gain_per_prompt`) read their result on the host in one transfer, which waits
+for the device; call them once per step, not per minibatch.
 """
 
 from __future__ import annotations
@@ -13,13 +19,15 @@ import math
 
 import torch
 
+from fbands._constants import device_constant
 from fbands.losses import TAIL_PROB
 from fbands.losses.terms import side_masks
 
 
 @torch.no_grad()
 def tail_clip_counts(logp_old, logp, advantages, mask, band) -> torch.Tensor:
-    """``[clipped tail, tail, clipped rest, rest]`` token counts of one minibatch (no sync).
+    """``[clipped tail, tail, clipped rest, rest]`` token counts of one minibatch, as a
+    tensor on the inputs' device (no host synchronisation).
 
     ``logp_old``, ``logp``, ``mask`` are ``(B, T)``, ``advantages`` ``(B,)`` and ``band`` a
     :class:`fbands.losses.Band` of ``(B, T)`` log edges.
@@ -48,8 +56,11 @@ def tail_clip_counts(logp_old, logp, advantages, mask, band) -> torch.Tensor:
 
 def clip_split_metrics(counts: torch.Tensor) -> dict[str, float]:
     """``clip/tail``, ``clip/rest`` (clipped shares) and ``clip/tail_tokens`` (the tail's
-    share of all tokens) from summed :func:`tail_clip_counts`."""
-    c = counts.tolist()
+    share of all tokens) from summed :func:`tail_clip_counts`.
+
+    Returns Python floats: it reads ``counts`` on the host (one transfer, which waits for
+    the device), so call it once per step on the step's summed counts."""
+    c = counts.tolist()  # the one host read
     return {"clip/tail": c[0] / max(c[1], 1.0), "clip/rest": c[2] / max(c[3], 1.0),
             "clip/tail_tokens": c[1] / max(c[1] + c[3], 1.0)}
 
@@ -57,6 +68,7 @@ def clip_split_metrics(counts: torch.Tensor) -> dict[str, float]:
 # --- what one update did, per minibatch -----------------------------------------------------
 #: the ratio interval whose leavers :func:`update_stats` counts (PPO's usual 0.2 clip)
 RATIO_WINDOW = (0.8, 1.2)
+_QUANTILES = (0.05, 0.5, 0.95)
 #: names of the entries of :func:`update_stats`, in order
 UPDATE_STATS = ("ratio_q05", "ratio_q50", "ratio_q95", "ratio_min", "ratio_max", "outside",
                 "clipped")
@@ -64,7 +76,8 @@ UPDATE_STATS = ("ratio_q05", "ratio_q50", "ratio_q95", "ratio_min", "ratio_max",
 
 @torch.no_grad()
 def update_stats(logp_old, logp, mask, clipped_share) -> torch.Tensor:
-    """The ratio distribution of one minibatch update, as a float tensor (no host sync).
+    """The ratio distribution of one minibatch update, as a float tensor on the inputs'
+    device (no host synchronisation: the quantiles are found on the device).
 
     Entries, named by :data:`UPDATE_STATS`: the 5 %, 50 % and 95 % quantiles, the minimum
     and maximum of :math:`r = \\pi / \\pi_{old}` over the tokens of ``mask``, the share of
@@ -83,7 +96,7 @@ def update_stats(logp_old, logp, mask, clipped_share) -> torch.Tensor:
     valid = mask > 0
     ratio = torch.exp((logp.detach() - logp_old).float())
     kept = torch.where(valid, ratio, torch.nan).reshape(-1)
-    quantiles = torch.nanquantile(kept, torch.tensor([0.05, 0.5, 0.95], device=kept.device))
+    quantiles = torch.nanquantile(kept, device_constant(_QUANTILES, kept.dtype, kept.device))
     low, high = RATIO_WINDOW
     n = valid.sum().clamp(min=1)
     outside = (valid & ((ratio < low) | (ratio > high))).sum() / n
@@ -97,6 +110,7 @@ def update_stats(logp_old, logp, mask, clipped_share) -> torch.Tensor:
 #: edges of the old-probability bins of :func:`logp_change_by_bin`
 P_OLD_EDGES = (0.01, 0.1, 0.5)
 P_OLD_BINS = ("p<0.01", "p0.01-0.1", "p0.1-0.5", "p>=0.5")
+_LOG_P_OLD_EDGES = tuple(math.log(e) for e in P_OLD_EDGES)
 
 
 @torch.no_grad()
@@ -109,7 +123,8 @@ def logp_change_by_bin(logp_old, logp_new, advantages, mask) -> dict[str, float]
     with :math:`A < 0` (tokens with :math:`A = 0` get no gradient and are left out).
     Keys ``dlogp/A+/<bin>``, ``dlogp/A-/<bin>`` (None for an empty bin) and
     ``tokens/A+/<bin>``, ``tokens/A-/<bin>`` (the counts).  The paper's mechanism: a band
-    lets rare tokens with :math:`A > 0` gain more than a fixed clip does.
+    lets rare tokens with :math:`A > 0` gain more than a fixed clip does.  The sums are
+    read on the host in one transfer, which waits for the device (once per step).
 
     Example
     -------
@@ -122,8 +137,7 @@ def logp_change_by_bin(logp_old, logp_new, advantages, mask) -> dict[str, float]
     """
     delta = (logp_new - logp_old).double()
     index = torch.bucketize(logp_old.double(),
-                            torch.tensor([math.log(e) for e in P_OLD_EDGES],
-                                         dtype=torch.float64, device=logp_old.device))
+                            device_constant(_LOG_P_OLD_EDGES, torch.float64, logp_old.device))
     sign = torch.sign(advantages)[:, None].expand_as(delta)
     valid = mask > 0
     rows = []
@@ -149,9 +163,11 @@ def tail_gain_per_prompt(logp_old, logp_new, advantages, mask, group_size: int) 
     :math:`\\pi_{old} <` :data:`~fbands.losses.TAIL_PROB`.  None for a prompt without such
     a token.  Two runs that share a step's rollout and weights (same seed, first step)
     differ only by their loss, so the per-prompt difference is an exactly paired measure.
+    The sums are read on the host in one transfer, which waits for the device.
     """
     sel = ((mask > 0) & (logp_old < math.log(TAIL_PROB)) & (advantages[:, None] > 0)).double()
     delta = (logp_new - logp_old).double() * sel
     sums = delta.view(-1, group_size * delta.shape[1]).sum(-1)
     counts = sel.view(-1, group_size * sel.shape[1]).sum(-1)
-    return [s / c if c else None for s, c in zip(sums.tolist(), counts.tolist(), strict=True)]
+    sums, counts = torch.stack([sums, counts]).tolist()  # one host read
+    return [s / c if c else None for s, c in zip(sums, counts, strict=True)]
