@@ -194,85 +194,22 @@ def _verl_loss(name="band"):
     return call
 
 
-@pytest.fixture
-def band_calls(monkeypatch):
-    """One entry (the shape of ``logp_old``) per fbands.losses.precompute_band call; the
-    tensors themselves are not kept, so that they can die."""
-    from fbands.integrations import verl as fv
-
-    fv._BANDS.clear()
-    calls = []
-    original = fl.precompute_band
-
-    def counted(logp_old, *args, **kwargs):
-        calls.append(tuple(logp_old.shape))
-        return original(logp_old, *args, **kwargs)
-
-    monkeypatch.setattr(fl, "precompute_band", counted)
-    return calls
-
-
-def test_verl_computes_the_band_once_per_old_log_prob(band_calls):
-    from fbands.integrations import verl as fv
-
-    call = _verl_loss()
-    old, new, adv, mask = _batch()
-    first, metrics = call(old, new, adv, mask)
-    again, metrics_again = call(old, new, adv, mask)
-    assert len(band_calls) == 1 and torch.equal(first, again) and metrics == metrics_again
-    call(old.clone(), new, adv, mask)  # equal values, another tensor: computed
-    assert len(band_calls) == 2
-    call(old, new, adv, mask.clone())  # another mask
-    assert len(band_calls) == 3
-    with torch.no_grad():
-        old[0, :4] -= 1.0  # in place, without autograd: the version counter still moves
-    changed, _ = call(old, new, adv, mask)
-    assert len(band_calls) == 4
-    fv._BANDS.clear()
-    band_calls.clear()
-    fresh, _ = call(old, new, adv, mask)
-    assert len(band_calls) == 1 and torch.equal(changed, fresh) and not torch.equal(first, fresh)
-    old.detach()[1, 1] = -3.0  # through a detached alias: the same counter
-    call(old, new, adv, mask)
-    assert len(band_calls) == 2
-    view = old[:2]
-    call(view, new[:2], adv[:2], mask[:2])
-    view[0, 0] = -2.0  # a view's write moves its base's counter too
-    call(old, new, adv, mask)
-    assert len(band_calls) == 4
-
-
-def test_verl_band_cache_forgets_dead_tensors_and_inference_tensors(band_calls):
-    import gc
-
-    from fbands.integrations import verl as fv
-
-    call = _verl_loss()
-    old, new, adv, mask = _batch()
-    call(old, new, adv, mask)
-    assert len(fv._BANDS) == 1
-    del old
-    gc.collect()
-    assert len(fv._BANDS) == 0  # the band went with its tensor
-    with torch.inference_mode():
-        frozen = _batch()[0]
-    call(frozen, new, adv, mask)
-    call(frozen, new, adv, mask)
-    assert len(band_calls) == 3 and len(fv._BANDS) == 0  # no version counter: no cache
-
-
 @pytest.mark.parametrize("name", ["band", "dcpo"])
 def test_verl_micro_batch_call_reads_the_host_once(accelerator, name):
-    """verl wants its metrics as Python numbers: one transfer, fbands' only wait."""
+    """verl wants its metrics as Python numbers: one transfer, fbands' only wait besides
+    the band's own (a divergence band's table read: see the log_bounds xfail above; verl
+    hands each micro-batch over as a new tensor, so the band is computed on every call)."""
     call = _verl_loss(name)
     old, new, adv, mask = _batch()
-    call(old, new, adv, mask)  # the first call computes the band (for "band", see log_bounds)
+    for _ in range(2):  # a radius's first two calls build its tables and copy them over
+        call(old, new, adv, mask)
     new.grad = None
     with SyncDetector() as det:
         loss, metrics = call(old, new, adv, mask)
         loss.backward()
+    band_read = [("Tensor.tolist", "device_table")] if name == "band" else []
     assert [(f.op, f.where.rsplit(" ", 1)[-1]) for f in det.fbands_syncs()] == [
-        ("Tensor.tolist", "verl_metrics")], det.report()
+        *band_read, ("Tensor.tolist", "verl_metrics")], det.report()
     assert det.uploads == [], det.report()
     assert all(isinstance(v, float) for v in metrics.values())
 

@@ -1,5 +1,4 @@
-"""Parts of the verl plug-in that do not import verl: BandPO's option names, the metrics,
-and the cache of bands (:class:`BandCache`).
+"""Parts of the verl plug-in that do not import verl: BandPO's option names, and the metrics.
 
 BandPO's fork of verl reads its loss options from the actor section under its own names;
 :data:`BANDPO_ALIASES` maps those that the plug-in accepts in ``policy_loss`` to fbands'
@@ -17,9 +16,6 @@ of unequal size) it is the count per sequence times the mini-batch's sequences.
 from __future__ import annotations
 
 import math
-import threading
-import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -122,92 +118,3 @@ def verl_metrics(raw: Mapping[str, torch.Tensor]) -> dict[str, float]:
     sources = list(names.values()) + list(raw)
     values = torch.stack([raw[k].detach().double().reshape(()) for k in sources]).tolist()
     return dict(zip(keys, values, strict=True))
-
-
-def _fingerprint(t: torch.Tensor) -> tuple | None:
-    """What identifies ``t``'s current values without reading them, or None when ``t`` has
-    no version counter (an inference-mode tensor): the object, its version counter (shared
-    with every view and ``detach()`` of it, bumped by every in-place write, with or without
-    gradients), its memory, layout, dtype and device."""
-    try:
-        version = t._version
-    except RuntimeError:  # inference tensors do not count their writes
-        return None
-    return (id(t), version, t.data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(),
-            t.dtype, t.device)
-
-
-class BandCache:
-    """The band of each distinct ``old_log_prob`` tensor, computed once and then reused.
-
-    verl calls its policy loss once per micro-batch and PPO epoch, and the band depends
-    only on ``old_log_prob``, the mask and the loss configuration.  :meth:`get` serves the
-    stored band when, since it was computed, the same tensor objects (``old_log_prob`` and
-    the mask) come back with the same version counters, memory, shape, strides, dtype and
-    device, and the configuration (radius included) is equal; otherwise it computes the
-    band again.  The rule that keeps a stale band from being served:
-
-    * an entry holds weak references to its tensors, and dies with them, so that a new
-      tensor at a reused address or ``id`` never meets an old entry;
-    * any in-place write to the tensors, or to a view or ``detach()`` of them, bumps the
-      version counter they share, and ``t.data = ...`` or ``t.set_(...)`` changes the
-      memory: either makes the next call compute the band anew;
-    * tensors without a version counter (made under ``torch.inference_mode``) are never
-      cached.
-
-    A write that autograd's version counter does not see (through ``t.data``, a numpy
-    array or DLPack sharing the memory) is not detected: do not modify old
-    log-probabilities that way between the loss calls of one batch.  At most ``size``
-    bands are kept (least recently used first out); entries go as soon as their tensors
-    do, so a batch's bands do not outlive it.
-    """
-
-    def __init__(self, size: int = 16):
-        self.size = size
-        self._entries: OrderedDict[tuple, tuple] = OrderedDict()
-        self._dead: list[tuple] = []  # keys whose tensors died (appended by weakref callbacks)
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        with self._lock:
-            self._purge()
-            return len(self._entries)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-
-    def get(self, old_log_prob: torch.Tensor, mask: torch.Tensor | None, cfg,
-            compute: Callable[[], Any]):
-        """The band of ``old_log_prob`` under ``mask`` and ``cfg``: stored, or ``compute()``
-        (then stored)."""
-        tensors = (old_log_prob,) if mask is None else (old_log_prob, mask)
-        prints = tuple(_fingerprint(t) for t in tensors)
-        if any(p is None for p in prints) or torch.compiler.is_compiling():
-            return compute()
-        key = (prints, cfg)
-        with self._lock:
-            self._purge()
-            entry = self._entries.get(key)
-            if entry is not None and all(r() is t for r, t in zip(entry[0], tensors,
-                                                                   strict=True)):
-                self._entries.move_to_end(key)
-                return entry[1]
-        band = compute()
-        dead = self._dead
-        refs = tuple(weakref.ref(t, lambda _, k=key: dead.append(k)) for t in tensors)
-        with self._lock:
-            self._entries[key] = (refs, band)
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.size:
-                self._entries.popitem(last=False)
-        return band
-
-    def _purge(self) -> None:
-        """Drop the entries whose tensors died (a callback only records them: it may run
-        at any moment, this lock held or not)."""
-        while self._dead:
-            key = self._dead.pop()
-            entry = self._entries.get(key)
-            if entry is not None and any(r() is None for r in entry[0]):
-                del self._entries[key]

@@ -57,7 +57,7 @@ from fbands import losses as fl
 from fbands.errors import ConfigError
 from fbands.integrations._names import merge, mode_fields
 from fbands.integrations._options import as_bool, as_float, as_str
-from fbands.integrations._verl_extras import BandCache, clip_counts, resolve_aliases, verl_metrics
+from fbands.integrations._verl_extras import clip_counts, resolve_aliases, verl_metrics
 from fbands.integrations._verl_step import schedule_for, scheduled
 
 __all__ = [
@@ -89,7 +89,6 @@ ENTRY_POINT = ("verl.plugins", "fbands", "fbands.integrations.verl")
 logger = logging.getLogger(__name__)
 _ACTOR = ActorConfig.__dataclass_fields__  # verl's defaults of the clip ratios
 _LOGGED: set[fl.LossConfig] = set()  # the configurations already logged by this process
-_BANDS = BandCache()  # the band of each old_log_prob tensor, from its first loss call
 
 
 class VerlBandError(ConfigError):
@@ -385,10 +384,10 @@ def compute_policy_loss(
         \ \texttt{**global\_batch\_info}),
 
     computed by :func:`fbands.losses.policy_loss` in ``token-sum`` mode with the mask
-    :math:`W w`.  A call with the same, unmodified ``old_log_prob`` and ``response_mask``
-    tensors and configuration reuses the band (the rule:
-    :class:`~fbands.integrations._verl_extras.BandCache`).  Only the metrics, which verl
-    wants as Python numbers, wait for the device (one transfer).
+    :math:`W w`.  Only the metrics, which verl wants as Python numbers, wait for the device
+    (one transfer).  The band is computed on each call: verl 0.9 hands every micro-batch
+    of every epoch to the loss as a new tensor, so computing it once per mini-batch needs
+    it computed before verl splits the batch.
 
     Parameters
     ----------
@@ -437,8 +436,7 @@ def compute_policy_loss(
     weights = aggregation_weights(response_mask, loss_agg_mode, dtype, **batch_info)
     if rollout_is_weights is not None:
         weights = weights * rollout_is_weights.detach()
-    band = _BANDS.get(old_log_prob, response_mask, cfg,
-                      lambda: fl.precompute_band(old_log_prob, cfg, mask=response_mask))
+    band = fl.precompute_band(old_log_prob, cfg, mask=response_mask)
     loss, raw = fl.policy_loss(old_log_prob, log_prob, advantages, weights, cfg, band=band)
     raw = {**raw, **clip_counts(old_log_prob, log_prob, advantages, response_mask, band,
                                 batch_info.get("global_batch_size"))}
