@@ -17,8 +17,9 @@ accelerator.
 
 from __future__ import annotations
 
+import math
+
 import torch
-from trl.trainer.utils import nanmax, nanmin
 
 from fbands import losses as fl
 from fbands.losses.terms import side_masks
@@ -116,9 +117,8 @@ class BandLoss:
                 self.accelerator.gather_for_metrics(aux_loss).mean().item()
             )
 
-        self._log_band_metrics(mode, logps - old, advantages, mask, band, entropies, band_metrics)
-        if self.beta != 0.0:
-            self._metrics[mode]["kl"].append(self._global_masked_mean(per_token_kl, mask))
+        self._log_band_metrics(mode, logps - old, advantages, mask, band, entropies, band_metrics,
+                               per_token_kl if self.beta != 0.0 else None)
         return loss
 
     def _normalisation_weights(self, mask, inputs, mode, accumulation):
@@ -143,32 +143,38 @@ class BandLoss:
             normaliser = normaliser * accumulation / self.args.steps_per_generation
         return mask / normaliser
 
-    def _global_masked_mean(self, x, mask) -> float:
-        totals = torch.stack([(x * mask).sum(), mask.sum().to(x.dtype)])
-        totals = self.accelerator.reduce(totals, reduction="sum")
-        return (totals[0] / totals[1].clamp(min=1.0)).item()
-
-    def _log_band_metrics(self, mode, logratio, advantages, mask, band, entropies, band_metrics):
+    def _log_band_metrics(self, mode, logratio, advantages, mask, band, entropies, band_metrics,
+                          per_token_kl=None):
+        """TRL's metrics of a micro-batch (reduced over the processes as TRL reduces them)
+        and the band's, read from the device in one transfer."""
         m = self._metrics[mode]
-        m["entropy"].append(self._global_masked_mean(entropies, mask))
         # TRL's clip_ratio/* keys, measured against the band instead of 1 -+ epsilon.
         upper, lower = side_masks(logratio, advantages, band.log_lower, band.log_upper)
         low, high = lower.float(), upper.float()
-        m["clip_ratio/low_mean"].append(self._global_masked_mean(low, mask))
-        m["clip_ratio/high_mean"].append(self._global_masked_mean(high, mask))
-        m["clip_ratio/region_mean"].append(self._global_masked_mean(torch.maximum(low, high), mask))
-        tokens = mask.sum(-1)  # a sequence without tokens gives NaN and is skipped
-        m["clip_ratio/low_min"].append(
-            nanmin(self.accelerator.gather((low * mask).sum(-1) / tokens)).item()
-        )
-        m["clip_ratio/high_max"].append(
-            nanmax(self.accelerator.gather((high * mask).sum(-1) / tokens)).item()
-        )
+        means = {"entropy": entropies, "clip_ratio/low_mean": low,
+                 "clip_ratio/high_mean": high, "clip_ratio/region_mean": torch.maximum(low, high)}
+        if per_token_kl is not None:
+            means["kl"] = per_token_kl
+        # masked means over every process's tokens: the sums, reduced, then divided
+        sums = torch.stack([(x.float() * mask).sum() for x in means.values()]
+                           + [mask.sum().float()])
+        sums = self.accelerator.reduce(sums, reduction="sum")
+        # the smallest and largest per-sequence shares over all processes (a sequence
+        # without tokens gives NaN and is skipped, as TRL's nanmin / nanmax skip it)
+        tokens = mask.sum(-1)
+        shares = torch.stack([_nan_to((low * mask).sum(-1) / tokens, math.inf).min(),
+                              _nan_to((high * mask).sum(-1) / tokens, -math.inf).max()])
+        shares = self.accelerator.gather(shares.unsqueeze(0))  # (processes, 2)
+        extremes = torch.stack([shares[:, 0].min(), shares[:, 1].max()])
+        extremes = torch.where(extremes.isinf(), torch.nan, extremes)  # no token anywhere
         names = list(band_metrics)
         values = torch.stack([band_metrics[k].detach().float().reshape(()) for k in names])
-        values = self.accelerator.gather(values.unsqueeze(0)).mean(0).tolist()
-        for name, value in zip(names, values, strict=True):
-            m[f"band/{name}"].append(value)
+        values = self.accelerator.gather(values.unsqueeze(0)).mean(0)
+        read = torch.cat([sums[:-1] / sums[-1].clamp(min=1.0), extremes, values]).tolist()
+        for name, value in zip([*means, "clip_ratio/low_min", "clip_ratio/high_max",
+                                *(f"band/{n}" for n in names)], read, strict=True):
+            m[name].append(value)
+        values = read[len(means) + 2:]
         schedule = self.band_schedule
         if mode == "train" and schedule is not None and schedule.adaptive:
             # The last of the num_iterations passes over the generation batch (self._step
@@ -180,3 +186,8 @@ class BandLoss:
                 self._band_kl.append(values[names.index("approx_kl_k3")])
         if self.band_config.uses_radius:
             m["band/delta"].append(self._band_step_config.delta)
+
+
+def _nan_to(x: torch.Tensor, value: float) -> torch.Tensor:
+    """``x`` with its NaNs replaced by ``value`` (no host read, unlike TRL's nanmin)."""
+    return torch.where(x.isnan(), value, x)
