@@ -368,3 +368,17 @@ def test_version_check_covers_the_ends_of_each_plugin_range(extra, package):
     assert oldest in spec and newest in spec
     floors = [Version(s.version) for s in spec if s.operator == ">="]
     assert floors == [oldest], "the floor of the range is the oldest release tested"
+
+
+def test_the_torch_floor_has_what_the_code_calls():
+    """torch.nonzero_static has a CUDA kernel from torch 2.6 only: with a lower floor the
+    sync-free device path raised NotImplementedError on 2.3-2.5 (issue 40)."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    (spec,) = [s for s in extras["torch"] if s.startswith("torch")]
+    floor = tuple(int(x) for x in re.match(r"torch>=(\d+)\.(\d+)", spec).groups())
+    sources = "".join(p.read_text() for p in (ROOT / "fbands").rglob("*.py"))
+    if "nonzero_static" in sources:
+        assert floor >= (2, 6), spec
