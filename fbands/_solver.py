@@ -451,6 +451,7 @@ NAMESPACE = {
     "sqrt": np.sqrt,
     "sinh": np.sinh,
     "cosh": np.cosh,
+    "tanh": np.tanh,
     "sign": np.sign,
     "abs": np.abs,
     "where": np.where,

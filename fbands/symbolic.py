@@ -18,7 +18,8 @@ they use what :func:`derive` computes from it once:
   quadratic formula (:func:`fbands._solver.real_roots`).
 
 :func:`compile_expr` turns an expression into Python source over bare function names
-(``exp``, ``expm1``, ``log``, ``log1p``, ``sqrt``, ``sinh``, ``cosh``, ``sign``, ``abs``),
+(``exp``, ``expm1``, ``log``, ``log1p``, ``sqrt``, ``sinh``, ``cosh``, ``tanh``, ``sign``,
+``abs``),
 which each backend binds to its own functions (numpy, torch, math for numba).  That is how
 the maths of a divergence is written once and serves every backend.
 """
@@ -46,7 +47,7 @@ R = sp.Symbol("r", positive=True)
 #: Below this |s| the near form of F is used.
 NEAR = 0.5
 
-_FUNCTIONS = ("exp", "expm1", "log", "log1p", "sqrt", "sinh", "cosh", "sign", "where")
+_FUNCTIONS = ("exp", "expm1", "log", "log1p", "sqrt", "sinh", "cosh", "tanh", "sign", "where")
 
 
 @dataclass(frozen=True)
@@ -361,6 +362,9 @@ class _Printer(PythonCodePrinter):
     def _print_cosh(self, e):
         return self._call("cosh", e)
 
+    def _print_tanh(self, e):
+        return self._call("tanh", e)
+
     def _print_sign(self, e):
         return self._call("sign", e)
 
@@ -406,10 +410,37 @@ def _numeric_constants(expr: sp.Expr) -> sp.Expr:
     )
 
 
+#: The functions the printer writes, each bound by every backend (:data:`_FUNCTIONS`, ``abs``):
+#: the derivatives of the grammar's functions (:data:`fbands._expr.FUNCTIONS`) and the
+#: rewritings of sympy stay in this set, and anything else is refused by
+#: :func:`compile_expr`, never printed as a name that a backend lacks.
+_PRINTED = (sp.exp, sp.log, expm1, log1p, sp.sinh, sp.cosh, sp.tanh, sp.sign, sp.Abs,
+            sp.Piecewise)
+#: Hyperbolic functions sympy may write, as those of :data:`_PRINTED` (no overflow: the
+#: reciprocal of an infinite cosh or sinh is 0).
+_RECIPROCALS = {sp.coth: sp.tanh, sp.sech: sp.cosh, sp.csch: sp.sinh}
+
+
+def _printable(expr: sp.Expr) -> sp.Expr:
+    """``expr`` over :data:`_PRINTED` only, or a :class:`fbands.DivergenceError`."""
+    from fbands.errors import DivergenceError
+
+    for cls, inverse in _RECIPROCALS.items():
+        expr = expr.replace(cls, lambda x, inverse=inverse: 1 / inverse(x))
+    bad = sorted({type(f).__name__ for f in expr.atoms(sp.Function)
+                  if not isinstance(f, _PRINTED)})
+    if bad:
+        raise DivergenceError(f"the derived formulas need {bad}, which fbands' generated "
+                              f"kernels do not provide (they know exp, log, sqrt, sinh, cosh, "
+                              f"tanh, abs and sign)")
+    return expr
+
+
 def compile_expr(expr: sp.Expr, args: tuple[sp.Symbol, ...], *, numbers: bool = False) -> str:
     """Python source of a function ``_fn(*args)`` evaluating ``expr`` (``numbers``: see
-    :class:`_Printer`)."""
-    body = _Printer(numbers).doprint(_numeric_constants(expr))
+    :class:`_Printer`); a :class:`fbands.DivergenceError` where ``expr`` needs a function
+    that the backends lack (see :data:`_PRINTED`)."""
+    body = _Printer(numbers).doprint(_numeric_constants(_printable(expr)))
     return f"def _fn({', '.join(a.name for a in args)}):\n    return {body}\n"
 
 

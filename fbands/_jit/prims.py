@@ -18,7 +18,7 @@ import numpy as np
 from fbands._jit import disk_cache
 
 __all__ = [
-    "OPTS", "INLINE", "BLOCK", "exp", "expm1", "log", "log1p", "sqrt", "sinh", "cosh",
+    "OPTS", "INLINE", "BLOCK", "exp", "expm1", "log", "log1p", "sqrt", "sinh", "cosh", "tanh",
     "nan", "where", "sign", "fmin", "fmax", "is_float64", "at", "lower_out", "unfinished",
 ]
 
@@ -45,11 +45,12 @@ sqrt = math.sqrt
 sinh = math.sinh
 nan = math.nan
 cosh = math.cosh
+tanh = math.tanh
 
 
 #: numpy's scalar functions in place of math's, and ``math`` itself, for plain Python.
 IEEE = {"exp": np.exp, "expm1": np.expm1, "log": np.log, "log1p": np.log1p, "sqrt": np.sqrt,
-        "sinh": np.sinh, "cosh": np.cosh,
+        "sinh": np.sinh, "cosh": np.cosh, "tanh": np.tanh,
         "math": types.SimpleNamespace(exp=np.exp, expm1=np.expm1, log=np.log, log1p=np.log1p,
                                       sqrt=np.sqrt, isfinite=np.isfinite, isinf=np.isinf,
                                       copysign=np.copysign, floor=np.floor, inf=math.inf,

@@ -121,6 +121,7 @@ class TorchNamespace:
         # lists every binding.
         self.exp, self.expm1, self.log, self.log1p = torch.exp, torch.expm1, torch.log, torch.log1p
         self.sqrt, self.sinh, self.cosh, self.sign = torch.sqrt, torch.sinh, torch.cosh, torch.sign
+        self.tanh = torch.tanh
         self.abs, self.isfinite = torch.abs, torch.isfinite
         self.where, self.minimum, self.maximum = self._where, self._minimum, self._maximum
 
