@@ -144,13 +144,20 @@ def raise_first(mask: np.ndarray, values: np.ndarray, name: str, domain: str) ->
 def band_inputs(xp, x, d, *, logp: bool, q_floor: float = Q_FLOOR) -> Inputs:
     """The solver's :class:`~fbands._solver.Inputs` from valid ``p`` (or ``log p``) and
     ``delta`` of one shape; ``xp`` is numpy or torch.  ``1 - p`` is ``-expm1(log p)`` for
-    log-probability input (exact near ``p = 1``) and floored at ``q_floor``."""
+    log-probability input (exact near ``p = 1``) and floored at ``q_floor``.  For
+    probability input ``log(1 - p)`` is ``log1p(-p)`` up to ``p = 1/2`` (``1 - p`` rounds
+    there, and ``log`` of it is off by up to an ulp of 1: a relative ``eps / p`` in
+    ``f(1 / q)``, which decides the lower edge's saturation) and ``log(1 - p)`` above, where
+    ``1 - p`` is exact: as the tables take it (:func:`fbands.tables.build._solve_z`)."""
     if logp:
         lp, p, q = x, xp.exp(x), -xp.expm1(x)
     else:
         lp, p, q = xp.log(x), x, 1.0 - x
     q = xp.where(q < q_floor, q_floor, q)
-    return Inputs(lp, xp.log(q), p, q, d)
+    lq = xp.log(q)
+    if not logp:
+        lq = xp.where(x > 0.5, lq, xp.log1p(-xp.where(x > 0.5, 0.0, x)))
+    return Inputs(lp, lq, p, q, d)
 
 
 def finish_edges(xp, x: Inputs, lo, hi, bad, *, log: bool):

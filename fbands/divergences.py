@@ -120,6 +120,13 @@ class Divergence:
         """``f`` as an mpmath function (for extended-precision refinement)."""
         return sp.lambdify(symbolic.U, self.f, "mpmath")
 
+    @cached_property
+    def mpmath_f0(self):
+        """``f(0+)`` as a function of no argument that evaluates it exactly, in mpmath's
+        working precision (the float :attr:`f0` is off by an ulp: too much for deciding
+        whether the ball reaches ``r = 0`` in extended precision)."""
+        return sp.lambdify([], sp.limit(self.f, symbolic.U, 0, "+"), "mpmath")
+
     # -- code for the backends -------------------------------------------------------------
 
     @cached_property

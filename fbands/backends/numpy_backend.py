@@ -93,7 +93,11 @@ def _refine_extended(div, x: Inputs, s_lo, suspect, *, from_logp: bool, above: f
     else:
         p = x.p[suspect].astype(ld)
         q, lp = 1 - p, np.log(p)
-    xe = Inputs(lp, np.log(q), p, q, x.delta[suspect].astype(ld))
+    # log1p(-p), not log(q): 1 - p of a small float64 p rounds in the extended type too
+    # (its bits reach below 2^-64), and log of it would be off by an ulp of 1, a relative
+    # eps / p in the other token's f(1 / q), far above the tie that decides saturation.
+    lq = np.log(q) if from_logp else np.log1p(-p)
+    xe = Inputs(lp, lq, p, q, x.delta[suspect].astype(ld))
     fun = BandFunction(div, xp_extended, xe)
     eps = np.finfo(ld).eps
     g0_r, g0_c = fun.zero_terms()
@@ -144,16 +148,20 @@ def refine_near_saturation(
 
     f = div.mpmath_f
     s_lo = np.array(s_lo, dtype=np.float64, copy=True)
-    with mp.workdps(digits):
-        for i in np.argwhere(suspect):
-            i = tuple(i)
+    for i in np.argwhere(suspect):
+        i = tuple(i)
+        # 1 - p and c - 1 = p (1 - r) / q cancel about log10(1 / p) digits: add them, so that
+        # g's terms keep ``digits`` (the bits of a float64 p reach 2^-52 p).
+        extra = max(0, math.ceil(-float(x.lp[i]) / math.log(10))) + 5
+        with mp.workdps(digits + extra):
             p = mp.exp(mp.mpf(float(x.lp[i]))) if from_logp else mp.mpf(float(x.p[i]))
             delta = mp.mpf(float(x.delta[i]))
             q = 1 - p
+            f0 = div.mpmath_f0()
 
-            def h(r, p=p, q=q, delta=delta):  # decreasing on [0, 1]
+            def h(r, p=p, q=q, delta=delta, f0=f0):  # decreasing on [0, 1]
                 c = (1 - r * p) / q
-                return p * (f(r) if r > 0 else mp.mpf(div.f0)) + q * f(c) - delta
+                return p * (f(r) if r > 0 else f0) + q * f(c) - delta
 
             if h(mp.mpf(0)) <= delta * mp.mpf(10) ** (5 - digits):  # ties: saturated
                 s_lo[i] = -np.inf
