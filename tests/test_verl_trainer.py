@@ -183,3 +183,50 @@ def test_the_guides_schedule_command_composes_through_hydra():
     with _verl_step.global_step(500):
         _, _, metrics = call_band(*batch(), actor)
     assert metrics["actor/band/delta"] == pytest.approx(schedule(500), rel=1e-12)
+
+
+def _trainer_config(mode: str):
+    from hydra import compose, initialize_config_dir
+
+    from .test_verl import BATCH_OVERRIDES, VERL_CONFIG_DIR
+
+    with initialize_config_dir(config_dir=VERL_CONFIG_DIR, version_base=None):
+        return compose("ppo_trainer", overrides=[*BATCH_OVERRIDES, *SCHEDULED,
+                                                 f"trainer.v1.trainer_mode={mode}"])
+
+
+def test_the_step_trainer_takes_verls_sync_path_everywhere(trainer_sync):
+    """verl's trainer compares trainer_mode with "sync" to choose its replay buffer, the
+    dataloader's gen_batch_size, the checkpoint's TransferQueue state and the re-issue of
+    prompts: under the name fbands_sync every one of them took the async path (issue 41).
+    Both trainers are built from one config (verl's constructor runs on a CPU)."""
+    from fbands.integrations import verl_trainer
+
+    sync = trainer_sync.PPOTrainerSync(_trainer_config("sync"))
+    config = _trainer_config("fbands_sync")
+    ours = verl_trainer.StepTrainer(config)
+    assert config.trainer.v1.trainer_mode == "fbands_sync"  # (the caller's config untouched)
+    assert ours.trainer_mode == sync.trainer_mode == "sync"
+    assert type(ours.replay_buffer) is type(sync.replay_buffer)
+    assert type(ours.replay_buffer).__name__ == "ReplayBuffer"  # not ReplayBufferAsync
+    assert ours.replay_buffer.trainer_mode == "sync"
+    assert ours.parameter_sync_step == sync.parameter_sync_step
+    assert ours._reissue_inflight_prompts() == sync._reissue_inflight_prompts() == 0
+    assert ours.config.data.get("gen_batch_size") == sync.config.data.get("gen_batch_size")
+    assert ours.config.trainer.v1.sync == sync.config.trainer.v1.sync
+
+
+def test_verls_trainer_reads_the_mode_only_where_the_step_trainer_sets_it(trainer_sync):
+    """Drift guard: the step trainer fixes the mode in its config before verl's constructor
+    reads it into ``self.trainer_mode``; a new place in verl that read the configured mode
+    itself (not ``self.trainer_mode``) would see ``fbands_sync`` again."""
+    import inspect
+    import re
+
+    from verl.trainer.ppo.v1 import trainer_base
+
+    source = inspect.getsource(trainer_base)
+    reads = re.findall(r"config\.trainer\.v1\.trainer_mode", source)
+    assert len(reads) == 1  # the constructor's own: self.trainer_mode = ...
+    compared = re.findall(r"self\.trainer_mode\s*[!=]=\s*\"(\w+)\"", source)
+    assert compared and set(compared) == {"sync"}, compared
