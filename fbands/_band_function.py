@@ -227,10 +227,11 @@ def _lower_tail(div: Divergence, xp, x: Inputs):
     if div.derivation.tail0 is None:
         return None
     A, k, m, _ = div.derivation.tail0
+    # (log delta - log |A|: delta / |A| overflows for a radius near the largest float)
     if m == 0 and k < 0:
-        return (xp.log(x.delta / A) - x.lp) / k
+        return (xp.log(x.delta) - math.log(A) - x.lp) / k
     if m == 1 and k == 0 and A < 0:
-        return -xp.exp(xp.log(x.delta / -A) - x.lp)
+        return -xp.exp(xp.log(x.delta) - math.log(-A) - x.lp)
     return None
 
 

@@ -35,6 +35,11 @@ def real_roots(xp, a2, a1, a0, zero):
     if zero[1]:
         v = xp.sqrt(-a0 * (1.0 / a2))
         return v, -v, v < v
+    # Where a1^2 or a2 a0 overflows (a radius near the largest float), the roots are those
+    # of the polynomial scaled by 1 / (|a2| + |a1| + |a0|); elsewhere the scale is 1, exactly.
+    big = ~xp.isfinite(a1 * a1 - 4.0 * a2 * a0)
+    scale = xp.where(big, 1.0 / (xp.abs(a2) + xp.abs(a1) + xp.abs(a0)), 1.0)
+    a2, a1, a0 = a2 * scale, a1 * scale, a0 * scale
     disc = a1 * a1 - 4.0 * a2 * a0
     root = xp.sqrt(xp.where(disc >= -NEGATIVE_DISC * a1 * a1, xp.maximum(disc, 0.0 * disc),
                             math.nan))

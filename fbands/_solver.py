@@ -39,6 +39,7 @@ of times on the same element (``tests/test_solver_forms.py`` checks it, through
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import fields
 from typing import TYPE_CHECKING
 
@@ -79,6 +80,9 @@ SMALL_BAND_EXACT = 1e-17
 SQUARED_NEAR_ONE = 1e-4
 #: The float next to 0 below it: the last point of the tiny upper edge's bracket.
 W_ULP = 5e-324
+#: ``w`` above ``log p`` times this is within a quarter ulp of ``-log p``: the upper edge
+#: ``s = w - log p`` of a tiny ``p`` is ``-log p`` (saturated) to working precision.
+RESOLVED_W = 2.0**-55
 #: Smallest q used in the equations: p = 1 as p = 1 - 1e-300 gives the limit [r*, 1] exactly.
 Q_FLOOR = 1e-300
 
@@ -111,6 +115,15 @@ TAIL_SWITCH = 0.5
 #: An upper closed-form root up to this factor past ``r = 1/p`` is kept (and clamped): the
 #: rounding of the polynomial's coefficients can push an edge at saturation slightly past.
 TOP_SLACK = 1.01
+#: The most negative float: a lower edge whose log lies below it is ``-inf`` (saturated in
+#: float64: ``g`` at ``s = S_FLOOR`` already within the radius), and the first guess of a
+#: lower edge is never below it (Newton cannot start from ``-inf``).
+S_FLOOR = -sys.float_info.max
+#: ``log`` of the smallest normal float: a lower edge below it (a ratio that underflows, or
+#: that has lost bits as a subnormal) is taken from the tail of ``f`` at 0 ...
+LOG_NORMAL = math.log(sys.float_info.min)
+#: ... where ``f ~ A r^k`` (``k < 0``) holds to ``r^|k| < 2^-60``, i.e. ``k log r`` above this.
+TAIL_EXACT = 60 * math.log(2.0)
 
 # -- how an edge was found (the ``trace`` of solve and the counts of solve_one) -----------
 
@@ -172,8 +185,10 @@ def _solve_tiny(div: Divergence, xp, x: Inputs, fixed_iter, kernels=None):
         T1, _ = fun._T(zero)
         w = xp.where(T1 + div.f0 <= x.delta, 0.0, w)
         # g still below delta a float below w = 0: the root is closer to 0 than that
-        # (1 - v underflows, KL at delta 1000), and v = 1 to working precision.
-        w = xp.where(fun.value(zero - W_ULP) < x.delta, 0.0, w)
+        # (1 - v underflows, KL at delta 1000), and v = 1 to working precision; or within
+        # a quarter ulp of log p below 0, where s = w - log p rounds to -log p (a huge
+        # radius, where the iteration meets a slope that overflows).
+        w = xp.where(fun.value(xp.minimum(zero - W_ULP, x.lp * RESOLVED_W)) < x.delta, 0.0, w)
         s_hi = w - x.lp
     if math.isfinite(d.f0):
         s_lo = zero - math.inf  # p f(0) -> 0: the ball reaches r = 0
@@ -220,7 +235,9 @@ def _closed_edge(fun: BandFunction, edge: str):
         y, ill = upper_root(xp, fun.closed["upper"], x.p, x.q, x.delta)
         return xp.log1p(y), ill
     r, y, ill = lower_root(xp, fun.closed["lower_y"], fun.closed["lower"], x.p, x.q, x.delta)
-    return xp.where(r >= 0.5, xp.log1p(-xp.minimum(y, 0.5)), xp.log(r)), ill
+    # A root at or below r = 0 (no positive root in y, or one at y >= 1) is the saturated
+    # edge: g's own test at r = 0 may round the other way within an ulp of the threshold.
+    return xp.where(r >= 0.5, xp.log1p(-xp.minimum(y, 0.5)), xp.log(xp.maximum(r, 0.0))), ill
 
 
 def polish(fun: BandFunction, s, lo, hi):
@@ -246,8 +263,8 @@ def _initial_guess(fun: BandFunction, curvature: float, edge: str):
         return xp.minimum(xp.log1p(w), -0.5 * x.lp)
     # Far from 1, the leading behaviour of f at 0 (p f(r) = delta) is the better guess.
     tail = fun.tail_guess()
-    return xp.where(w < TAIL_SWITCH, xp.log1p(-xp.minimum(w, TAIL_SWITCH)),
-                    -w if tail is None else tail)
+    return xp.maximum(xp.where(w < TAIL_SWITCH, xp.log1p(-xp.minimum(w, TAIL_SWITCH)),
+                               -w if tail is None else tail), S_FLOOR)
 
 
 def newton_edge(fun: BandFunction, edge: str, s0, lo, hi, *, max_iter: int = MAX_ITER,
@@ -276,7 +293,7 @@ def newton_edge(fun: BandFunction, edge: str, s0, lo, hi, *, max_iter: int = MAX
         lo = xp.where(~above & ~done, s, lo)
         # Far above delta, Newton on log g: exact for an exponential g (a steep generator,
         # u**100), where plain Newton crawls by 1/k a step; its overshoot falls to bisection.
-        far_above = g > FAR_ABOVE * x.delta
+        far_above = g / x.delta > FAR_ABOVE  # (FAR_ABOVE * delta may overflow)
         num = xp.where(far_above, xp.log(xp.where(far_above, g, 1.0) / x.delta) * g, r)
         step = num / slope
         cand = s - step
@@ -294,6 +311,14 @@ def newton_edge(fun: BandFunction, edge: str, s0, lo, hi, *, max_iter: int = MAX
             near_top = sc < -LN2
             step_c = num / (slope * ds_dsc)
             cand_c = xp.minimum(fun.from_complement(sc - step_c), hi * JUST_BELOW)
+            # Far below delta, g blows up like a power of c (f(0) = inf): a linear step in
+            # s_c overshoots past r = 1/p, and bisection would halve its way up to a huge
+            # radius.  A step on log g (exact for a power of c) is taken instead.
+            far_below = (g < x.delta / FAR_ABOVE) & ~((cand_c > lo) & (cand_c < hi))
+            step_l = xp.log(xp.where(far_below, g, 1.0) / x.delta) * g / (slope * ds_dsc)
+            step_c = xp.where(far_below, step_l, step_c)
+            cand_c = xp.where(far_below, xp.minimum(fun.from_complement(sc - step_l),
+                                                    hi * JUST_BELOW), cand_c)
             small_c = ((xp.abs(step_c) <= STEP_TOL * xp.abs(sc))
                        | (xp.abs(cand_c - s) <= STEP_TOL * xp.abs(s)))
             cand = xp.where(near_top, cand_c, cand)
@@ -378,6 +403,19 @@ def _edge(fun: BandFunction, name: str, lo, hi, fixed_iter, tiny: bool, no_close
     return (xp.where(exact_band, small_band, s) if smooth else s), how, iters
 
 
+def _power_tail(div: Divergence, xp, x: Inputs, s_lo, sat_lo):
+    """``s_lo``, with the lower edges below the normal floats (or nan) taken from the tail
+    ``p A r^k = delta`` of a generator that grows like a power at 0, where it is exact to
+    float64: the closed forms and ``g`` overflow there (``f(r) ~ 1/r`` at ``r = 1e-310``),
+    and a subnormal ratio has lost bits."""
+    tail = div.derivation.tail0
+    if tail is None or math.isfinite(div.f0) or not (tail[2] == 0 and tail[1] < 0):
+        return s_lo
+    t = _lower_tail(div, xp, x)
+    use = ~sat_lo & ~(s_lo >= LOG_NORMAL) & (tail[1] * t >= TAIL_EXACT)
+    return xp.where(use, t, s_lo)
+
+
 def solve(div: Divergence, xp, inputs: Inputs, *, fixed_iter=None, tiny=None, at_one=None,
           closed_forms: bool = True, kernels=None, trace: bool = False):
     """Log-edges ``(log lower, log upper)`` for broadcast inputs (see :class:`Inputs`).
@@ -405,6 +443,8 @@ def solve(div: Divergence, xp, inputs: Inputs, *, fixed_iter=None, tiny=None, at
     top = -x.lp
     sat_hi = fun.at_top() <= x.delta
     sat_lo = fun.at_zero() <= x.delta
+    if not math.isfinite(div.f0):  # (a finite f(0) gives g(S_FLOOR) = g(0))
+        sat_lo = sat_lo | (fun.value(zero_s + S_FLOOR) <= x.delta)
     ordinary = (x.lp >= LP_TINY) & (x.lp != 0)  # (solved apart below)
     s_hi, how_hi, n_hi = _edge(fun, "upper", zero_s, top, fixed_iter, tiny, no_closed,
                                ordinary & ~sat_hi)
@@ -412,6 +452,7 @@ def solve(div: Divergence, xp, inputs: Inputs, *, fixed_iter=None, tiny=None, at
     s_lo, how_lo, n_lo = _edge(fun, "lower", zero_s - math.inf, zero_s, fixed_iter, tiny,
                                no_closed, ordinary & ~sat_lo)
     s_lo = xp.where(sat_lo, -math.inf, xp.minimum(s_lo, zero_s))
+    s_lo = _power_tail(div, xp, x, s_lo, sat_lo)
     if trace:
         how_hi, n_hi = xp.where(sat_hi, float(SATURATED), how_hi), xp.where(sat_hi, 0.0, n_hi)
         how_lo, n_lo = xp.where(sat_lo, float(SATURATED), how_lo), xp.where(sat_lo, 0.0, n_lo)

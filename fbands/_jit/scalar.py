@@ -28,6 +28,7 @@ from fbands._solver import (
     GEOMETRIC_SPLIT,
     JUST_BELOW,
     LN2,
+    LOG_NORMAL,
     LP_CLOSED,
     LP_TINY,
     MAX_ITER,
@@ -35,10 +36,13 @@ from fbands._solver import (
     NEGATIVE_DISC,
     NEWTON,
     POLISHED,
+    RESOLVED_W,
+    S_FLOOR,
     SATURATED,
     SMALL_BAND_EXACT,
     SQUARED_NEAR_ONE,
     STEP_TOL,
+    TAIL_EXACT,
     TAIL_SWITCH,
     TINY,
     TOP_SLACK,
@@ -177,7 +181,7 @@ def newton_one(kind, upper, s, lo, hi, lp, lq, p, q, poq, delta):
             hi = s
         else:
             lo = s
-        num = math.log(g / delta) * g if g > FAR_ABOVE * delta else r
+        num = math.log(g / delta) * g if g / delta > FAR_ABOVE else r
         step = num / slope
         cand = s - step
         small = abs(step) <= STEP_TOL * abs(s)
@@ -186,6 +190,10 @@ def newton_one(kind, upper, s, lo, hi, lp, lq, p, q, poq, delta):
             if sc < -LN2:
                 step_c = num / (slope * ds_dsc)
                 cand = fmin(from_complement_one(kind, sc - step_c, lp, lq), hi * JUST_BELOW)
+                if g < delta / FAR_ABOVE and not (cand > lo and cand < hi):  # (see newton_edge)
+                    step_c = math.log(g / delta) * g / (slope * ds_dsc)
+                    cand = fmin(from_complement_one(kind, sc - step_c, lp, lq),
+                                hi * JUST_BELOW)
                 small = (abs(step_c) <= STEP_TOL * abs(sc)
                          or abs(cand - s) <= STEP_TOL * abs(s))
         inside = math.isfinite(slope) and slope != 0 and cand > lo and cand < hi
@@ -210,9 +218,9 @@ def newton_one(kind, upper, s, lo, hi, lp, lq, p, q, poq, delta):
 def lower_tail_one(lp, delta):
     """:func:`_lower_tail` (nan where f has no usable tail at 0)."""
     if TAIL0_KIND == 1:
-        return (math.log(delta / TAIL0_A) - lp) / TAIL0_K
+        return (math.log(delta) - math.log(TAIL0_A) - lp) / TAIL0_K
     if TAIL0_KIND == 2:
-        return -math.exp(math.log(delta / -TAIL0_A) - lp)
+        return -math.exp(math.log(delta) - math.log(-TAIL0_A) - lp)
     return math.nan
 
 
@@ -223,10 +231,10 @@ def initial_guess_one(upper, lp, poq, delta):
     if upper:
         return fmin(math.log1p(w), -0.5 * lp)
     if w < TAIL_SWITCH:
-        return math.log1p(-w)
+        return fmax(math.log1p(-w), S_FLOOR)
     if TAIL0_KIND == 0:
-        return -w
-    return fmin(lower_tail_one(lp, delta), -1.0)
+        return fmax(-w, S_FLOOR)
+    return fmax(fmin(lower_tail_one(lp, delta), -1.0), S_FLOOR)
 
 
 @numba.njit(**INLINE)
@@ -238,6 +246,9 @@ def real_roots_one(a2, a1, a0, zero):
     if zero[1]:
         v = math.sqrt(-a0 * (1.0 / a2))
         return v, -v, False
+    big = not math.isfinite(a1 * a1 - 4.0 * a2 * a0)  # (see real_roots)
+    scale = 1.0 / (abs(a2) + abs(a1) + abs(a0)) if big else 1.0
+    a2, a1, a0 = a2 * scale, a1 * scale, a0 * scale
     disc = a1 * a1 - 4.0 * a2 * a0
     root = math.sqrt(fmax(disc, 0.0) if disc >= -NEGATIVE_DISC * a1 * a1 else math.nan)
     t = -0.5 * (a1 + (root if a1 >= 0 else -root))
@@ -323,7 +334,7 @@ def closed_edge_one(upper, lp, lq, p, q, poq, delta):
     r, y, ill = lower_root_one(p, q, delta, True)
     if r >= 0.5:
         return math.log1p(-y), ill
-    return (math.log(r) if r > 0 else (-math.inf if r == 0 else math.nan)), ill
+    return (math.log(r) if r > 0 else (-math.inf if r <= 0 else math.nan)), ill
 
 
 @numba.njit(**OPTS)
@@ -367,7 +378,8 @@ def tiny_one(lp, delta):
         w, n = newton_one(TINY_UPPER, True, w0, -math.inf, 0.0, lp, 0.0, 0.0, 1.0, 0.0, delta)
         if tiny_terms(0.0, lp)[0] + F0 <= delta:
             w = 0.0
-        if value_and_slope_one(TINY_UPPER, -W_ULP, lp, 0.0, 0.0, 1.0, 0.0)[0] < delta:
+        w_res = fmin(-W_ULP, lp * RESOLVED_W)
+        if value_and_slope_one(TINY_UPPER, w_res, lp, 0.0, 0.0, 1.0, 0.0)[0] < delta:
             w = 0.0  # the root within a float of 0 (see _solve_tiny)
         s_hi = w - lp
     if math.isfinite(F0):
@@ -406,12 +418,26 @@ def solve_one(lp, lq, p, q, delta):
     else:
         s_hi, how_hi, n_hi = edge_one(True, 0.0, top, lp, lq, p, q, poq, delta)
         s_hi = fmin(fmax(s_hi, 0.0), top)
-    if times_one(p, F0) + q * F(-lq) <= delta:
+    sat_lo = times_one(p, F0) + q * F(-lq) <= delta
+    if not math.isfinite(F0):  # (see solve)
+        sat_lo = sat_lo or value_and_slope_one(BAND, S_FLOOR, lp, lq, p, q, poq)[0] <= delta
+    if sat_lo:
         s_lo, how_lo, n_lo = -math.inf, SATURATED, 0
     else:
         s_lo, how_lo, n_lo = edge_one(False, -math.inf, 0.0, lp, lq, p, q, poq, delta)
-        s_lo = fmin(s_lo, 0.0)
+        s_lo = power_tail_one(fmin(s_lo, 0.0), lp, delta)
     return s_lo, s_hi, how_lo, how_hi, n_lo, n_hi
+
+
+@numba.njit(**OPTS)
+def power_tail_one(s_lo, lp, delta):
+    """:func:`fbands._solver._power_tail` of an unsaturated lower edge."""
+    if TAIL0_KIND != 1 or math.isfinite(F0) or not TAIL0_K < 0:
+        return s_lo
+    t = lower_tail_one(lp, delta)
+    if not (s_lo >= LOG_NORMAL) and TAIL0_K * t >= TAIL_EXACT:
+        return t
+    return s_lo
 
 
 
