@@ -475,3 +475,14 @@ def test_mandatory_value_left_unset_is_an_error_not_the_default(key):
     section = OmegaConf.create({"loss_mode": "fbands", "div": "tv", "delta": 0.1, key: "???"})
     with pytest.raises(fv.VerlBandError, match=rf"{key} is '\?\?\?'"):
         fv.loss_config(section)
+
+
+def test_distillations_call_with_its_own_config_is_refused_not_defaulted():
+    """verl's on-policy distillation (use_policy_gradient) calls the registered policy loss
+    with its DistillationLossConfig, which has no policy_loss section: the band ran with its
+    defaults (kl, 0.05) whatever the user had set (issue 41)."""
+    from verl.workers.config.distillation import DistillationLossConfig
+
+    old, new, adv, mask = batch()
+    with pytest.raises(fv.VerlBandError, match="DistillationLossConfig.*distillation"):
+        call("band", old, new, adv, mask, DistillationLossConfig())

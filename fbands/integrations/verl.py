@@ -421,11 +421,19 @@ def compute_policy_loss(
     Raises
     ------
     VerlBandError
-        If ``config`` is None.
+        If ``config`` is None or has no ``policy_loss`` section (verl's on-policy
+        distillation calls a policy loss with its own config, which has none).
     """
     if config is None:
         raise VerlBandError("the band losses need verl's actor config (config=None given)")
-    section = _get(config, "policy_loss", {})
+    section = _get(config, "policy_loss", None)
+    if section is None:  # verl's on-policy distillation passes its DistillationLossConfig
+        raise VerlBandError(
+            f"loss_mode={loss_mode!r} was called with a {type(config).__name__}, which has no "
+            "policy_loss section: the band's options (div, delta, ...) are not there, and the "
+            "loss would run with its defaults. verl's on-policy distillation "
+            "(use_policy_gradient) calls policy losses that way: give its policy_loss_mode a "
+            "verl loss (vanilla), not a band")
     cfg = loss_config(section, config, loss_mode=loss_mode)
     if cfg not in _LOGGED:  # once per configuration and worker process
         _LOGGED.add(cfg)
