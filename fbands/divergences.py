@@ -269,7 +269,9 @@ def register(
     description : str
         One line for ``fbands divergences``.
     overwrite : bool
-        Replace an existing entry of the same name.
+        Replace an existing entry of the same name.  Without it, registering a name again
+        with the same generator, parameters and description returns the registered
+        divergence (a notebook cell run twice); anything else under a taken name raises.
     check : bool
         Verify ``f(1) = 0``, finiteness on ``(0, inf)``, convexity (on a grid of 81 points
         from 1e-10 to 1e10, in 30-digit arithmetic) and strict convexity at 1.
@@ -282,7 +284,8 @@ def register(
     Raises
     ------
     DivergenceError
-        For a taken name, an expression that does not parse, or an invalid generator.
+        For a name taken by another generator, an expression that does not parse, or an
+        invalid generator.
 
     Examples
     --------
@@ -300,10 +303,19 @@ def register(
     bad = [k for k in params if not isinstance(k, str) or not k.isidentifier() or k == "u"]
     if bad:
         raise DivergenceError(f"invalid parameter name(s) {bad} (u is the variable of f)")
-    if not overwrite and (name in _REGISTRY or name in _FAMILIES or name in _ALIASES):
-        raise DivergenceError(f"a divergence named {name!r} exists; pass overwrite=True")
     params = tuple(params)
     expr = _generators.parse_f(f, params)
+    if not overwrite and (name in _REGISTRY or name in _FAMILIES or name in _ALIASES):
+        # the same registration again (a notebook cell run twice) gives what is there
+        same = (_REGISTRY[name] if name in _REGISTRY and not params
+                and _REGISTRY[name].f == expr and _REGISTRY[name].description == description
+                else None)
+        if name in _FAMILIES and _FAMILIES[name] == (expr, params, description):
+            return Divergence(name, expr, description)
+        if same is not None:
+            return same
+        raise DivergenceError(f"a divergence named {name!r} exists with another generator or "
+                              "description; pass overwrite=True to replace it")
     if not params and check:
         _generators.check_generator(name, expr)
     # What the name meant before goes: an alias of that spelling, and a family's members

@@ -11,6 +11,7 @@ import sympy as sp
 
 import fbands
 from fbands import divergences, symbolic
+from fbands.errors import DivergenceError
 
 from . import reference as ref
 
@@ -284,3 +285,22 @@ def test_names_that_could_not_be_used_are_refused_at_registration():
         fbands.register("x" * 10_000, "(u - 1)**2")
     long = fbands.register("y" * 100, "(u - 1)**2 / (u + 1)")
     assert fbands.get("y" * 100) is long
+
+
+def test_registering_the_same_divergence_again_returns_it():
+    """A notebook cell run twice registers the same generator again: that gives the
+    registered divergence, while another generator or description under the name raises."""
+    first = fbands.register("twice", "(u - 1)**2 / (u + 1)", description="a cell")
+    again = fbands.register("twice", "(u-1)**2/(u+1)", description="a cell")
+    assert again is first
+    assert fbands.bounds(0.1, 0.05, "twice") == fbands.bounds(0.1, 0.05, first)
+    for f, description in (("(u - 1)**2 / (u + 2)", "a cell"), ("(u - 1)**2 / (u + 1)", "x")):
+        with pytest.raises(DivergenceError, match="'twice' exists with another generator"):
+            fbands.register("twice", f, description=description)
+    with pytest.raises(DivergenceError, match="exists"):
+        fbands.register("kl", "(u - 1)**2")  # a built-in name keeps its generator
+    family = "(u**a - 1 - a*(u - 1)) / (a*(a - 1))"
+    fbands.register("fam_twice", family, params=("a",))
+    fbands.register("fam_twice", family, params=("a",))
+    with pytest.raises(DivergenceError, match="exists"):
+        fbands.register("fam_twice", family, params=("a",), description="other")
