@@ -216,7 +216,10 @@ def test_huge_radius_matches_reference(name, backend):
     delta = 1e100, where the upper edge just saturates, is off by 7e-11: see the report.)"""
     pytest.importorskip(backend)
     for delta in HUGE:
-        ps = [p for p in PS if not (name == "chi2" and delta == 1e100 and p == 1e-100)]
+        # (p = 1 is left out: the reference's limit at p = 1 bisects 300 times on [0, 1] and
+        # cannot reach an edge like kl's exp(-delta); test_huge_radius_at_p_one has it.)
+        ps = [p for p in PS if p < 1 and not (name == "chi2" and delta == 1e100
+                                              and p == 1e-100)]
         for logp in (False, True):
             x = np.log(np.array(ps)) if logp else np.array(ps)
             llo, lhi = (_np(a) for a in fbands.log_bounds(_as(backend, x), delta, name,
@@ -230,3 +233,13 @@ def test_huge_radius_matches_reference(name, backend):
                 assert _log_error(float(lhi[i]), want_hi) <= 1e-13, (name, delta, logp, p,
                                                                      lhi[i], want_hi)
                 assert abs(hi[i] - mp.exp(want_hi)) <= 1e-13 * mp.exp(want_hi)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_huge_radius_at_p_one(backend):
+    """At p = 1, kl's lower edge is exp(-delta) (THEORY section 4): its log is -delta, and
+    -inf once that is below the most negative float."""
+    for delta in HUGE:
+        llo, lhi = (_np(a) for a in fbands.log_bounds(_as(backend, np.array([1.0])), delta,
+                                                      "kl", backend=backend))
+        assert llo[0] == -delta and lhi[0] == 0.0
