@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 
 from fbands.cli import image_path
@@ -23,7 +24,9 @@ def register(sub) -> None:
 
     p = sub.add_parser("bounds", help="print the band [lower, upper] for some p")
     p.add_argument("p", nargs="+", type=float, help="old probabilities (log-probs with --logp)")
-    p.add_argument("--div", default="kl", help="divergence name (default: kl)")
+    p.add_argument("--div", default="kl",
+                   help="divergence: a name (kl, 'alpha(a=0.5)', ...) or a generator f(u) such "
+                        "as '(u-1)**2/(u+1)', read by fbands' grammar (default: kl)")
     p.add_argument("--delta", type=float, default=0.05, help="radius (default: 0.05)")
     p.add_argument("--logp", action="store_true", help="the values are log-probabilities")
     p.add_argument("--backend", default="numpy",
@@ -38,7 +41,8 @@ def register(sub) -> None:
 
     p = sub.add_parser("plot", help="draw bands against p next to fixed clipping")
     p.add_argument("--div", default="kl,tv,chi2",
-                   help="comma-separated divergence names (default: %(default)s)")
+                   help="comma-separated divergences: names, or generators f(u) such as "
+                        "'(u-1)**2/(u+1)' (default: %(default)s)")
     p.add_argument("--delta", type=float, default=0.05, help="radius (default: 0.05)")
     p.add_argument("-o", "--output", type=image_path, default="band.png",
                    help="image file; .png is added to a name without extension "
@@ -78,6 +82,26 @@ def _fmt(x: float) -> str:
     return f"{x:.{TABLE_DIGITS}g}"
 
 
+def divergence_arg(text: str, name: str):
+    """The divergence that ``--div`` names: a spec of the registry (``kl``,
+    ``alpha(a=0.5)``), or else a generator in ``u`` (``(u-1)**2/(u+1)``), read by fbands'
+    grammar, checked and registered as ``name`` for this command (its description is the
+    text)."""
+    import fbands
+    from fbands.errors import DivergenceError
+
+    try:
+        return fbands.get(text)
+    except DivergenceError:
+        if not re.search(r"\bu\b", text):
+            raise  # no variable u: a name or spec that is wrong (kll, alpha(b=2), band-kl)
+    try:
+        return fbands.register(name, text, description=text, overwrite=True)
+    except DivergenceError as err:
+        raise DivergenceError(f"--div {text!r} is not a divergence of the registry, and as a "
+                              f"generator f(u): {err}") from None
+
+
 def _exact(x: float) -> str:
     """A number of csv: the shortest text that reads back as the same float64."""
     return repr(float(x))
@@ -89,9 +113,10 @@ def _bounds(args: argparse.Namespace) -> int:
     import fbands
 
     p = np.asarray(args.p, dtype=np.float64)
-    lo, hi = fbands.bounds(p, args.delta, args.div, args.backend, logp=args.logp)
-    llo, lhi = fbands.log_bounds(p, args.delta, args.div, args.backend, logp=args.logp)
-    name = fbands.get(args.div).name
+    div = divergence_arg(args.div, "f")
+    lo, hi = fbands.bounds(p, args.delta, div, args.backend, logp=args.logp)
+    llo, lhi = fbands.log_bounds(p, args.delta, div, args.backend, logp=args.logp)
+    name = div.description if div.name == "f" else div.name
     keys = ("logp" if args.logp else "p", "lower", "upper", "log_lower", "log_upper")
     rows = [[float(v) for v in row] for row in zip(p, lo, hi, llo, lhi, strict=True)]
     if args.format == "json":
@@ -114,7 +139,8 @@ def _bounds(args: argparse.Namespace) -> int:
 def _plot(args: argparse.Namespace) -> int:
     from fbands.plotting import plot_bands
 
-    names = [n.strip() for n in args.div.split(",") if n.strip()]
+    texts = [n.strip() for n in args.div.split(",") if n.strip()]
+    names = [divergence_arg(text, f"f{i + 1}").name for i, text in enumerate(texts)]
     if not names:
         from fbands.errors import DivergenceError
 

@@ -185,3 +185,24 @@ def test_a_bad_train_option_is_reported_before_torch_loads(tmp_path):
     assert out.stdout.split("\n")[-2] == "2 []", out.stdout + out.stderr
     assert out.stderr.strip() == "fbands: error: lr=-1.0: must be a finite number > 0"
     assert not run.exists()
+
+
+def test_div_takes_a_generator_as_well_as_a_name(capsys, tmp_path):
+    """``fbands bounds --div "(u-1)**2/(u+1)"`` was refused ("a divergence spec starts with a
+    name"); a generator is now read by the grammar and registered for the command."""
+    expression = "(u-1)**2/(u+1)"
+    assert main(["bounds", "--div", expression, "--format", "json", "0.01", "0.3"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["div"] == expression
+    reference = fbands.register("cli_twin", expression)
+    lo, hi = fbands.bounds(np.array([0.01, 0.3]), 0.05, reference, "numpy")
+    assert [r["upper"] for r in got["rows"]] == hi.tolist()
+    assert [r["lower"] for r in got["rows"]] == lo.tolist()
+    for text, message in (("kll", "unknown divergence 'kll'"),
+                          ("alpha(b=2)", "alpha takes parameters"),
+                          ("(u-1)**3", "as a generator f(u): f: f is not convex"),
+                          ("__import__('os')", "unexpected character"),
+                          ("u.__class__", "as a generator f(u)")):
+        assert main(["bounds", "--div", text, "0.1"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("fbands: error: ") and message in err and err.count("\n") == 1
