@@ -129,12 +129,14 @@ def check_values(x, d, logp: bool) -> None:
 
 def raise_first(mask: np.ndarray, values: np.ndarray, name: str, domain: str) -> None:
     """Raise for the first True of ``mask``: ``name must lie in domain; got v at index (i, j)
-    (k invalid elements)``."""
+    (k invalid elements)``.  ``values`` as the caller gave them: a scalar (broadcast to
+    ``mask``'s shape for the computation) is reported without an index or a count."""
     if mask.any():
+        scalar = np.ndim(values) == 0
         idx = np.unravel_index(int(np.argmax(mask)), mask.shape) if mask.ndim else ()
         values = np.broadcast_to(values, mask.shape)
-        where = f" at index {tuple(int(i) for i in idx)}" if mask.ndim else ""
-        count = int(mask.sum())
+        where = f" at index {tuple(int(i) for i in idx)}" if mask.ndim and not scalar else ""
+        count = 1 if scalar else int(mask.sum())
         raise BandError(
             f"{name} must lie in {domain}; got {float(values[idx])!r}{where}"
             + (f" ({count} invalid elements)" if count > 1 else "")
@@ -195,6 +197,7 @@ class NumpyInputs:
         except (TypeError, ValueError, OverflowError) as err:
             raise BandError(f"delta must be a number or an array of numbers: {err}") from err
         x = arr.astype(np.float64)
+        given = (x, d)  # (their own shapes: a scalar's error names no index)
         try:
             x, d = np.broadcast_arrays(x, d)
         except ValueError as err:
@@ -207,7 +210,7 @@ class NumpyInputs:
             bad_p, bad_d = invalid_masks(x, d, logp)
         self.bad = bad_p | bad_d
         if check and invalid == "raise":
-            raise_invalid(bad_p, x, bad_d, d, logp)
+            raise_invalid(bad_p, given[0], bad_d, given[1], logp)
         with np.errstate(all="ignore"):
             x = np.where(self.bad, FILL_LOGP if logp else FILL_P, x)
             d = np.where(self.bad, FILL_DELTA, d)

@@ -402,3 +402,15 @@ def test_choose_path_forces_torch_paths_only_where_they_apply():
         choose("torch", kl, p, p, logp=False, log=False, path="device-table")
     with pytest.raises(fbands.BandError, match="does not apply: p is not a floating-point CPU"):
         choose("torch", kl, F64, 0.05, logp=False, log=False, path="host")
+
+
+def test_a_scalar_argument_s_error_names_no_index():
+    """A scalar delta (or p) is broadcast against the other argument, but its error is about
+    the one value given: no "at index (0,)" and no count (issue 42, first contact)."""
+    cases = [((np.array([0.1, 0.2]), -1.0), "delta must lie in (0, inf); got -1.0"),
+             ((1.5, np.array([0.05, 0.1])), "p must lie in (0, 1]; got 1.5"),
+             ((np.array([0.1, 1.5]), 0.05), "p must lie in (0, 1]; got 1.5 at index (1,)")]
+    for (p, delta), message in cases:
+        with pytest.raises(fbands.BandError) as err:
+            fbands.bounds(p, delta)
+        assert str(err.value) == message
