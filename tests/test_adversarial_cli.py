@@ -30,14 +30,8 @@ from fbands.rl import train as rl_train  # noqa: E402
 from fbands.rl.checkpoint import sealed  # noqa: E402
 from fbands.rl.config import MAX_THREADS, TrainConfig  # noqa: E402
 
-#: a run of seconds: a small model, no warm start, no evaluation, the clip loss
-SMALL = dict(steps=2, prompts_per_step=2, group_size=2, ppo_epochs=1, minibatches=1,
-             warm_start_steps=0, tiny_d_model=16, tiny_heads=2, tiny_layers=1, eval_every=0,
-             loss="clip", mechanism_metrics=False, progress=False, checkpoint_every=1)
-
-
-def quiet(_msg):
-    pass
+from ._tiny_run import TINY_RUN as SMALL  # noqa: E402
+from ._tiny_run import quiet  # noqa: E402
 
 
 def config_file(tmp_path, name="run", **changes) -> tuple[Path, Path]:

@@ -14,13 +14,9 @@ from fbands.rl import train as rl_train  # noqa: E402
 from fbands.rl.config import TrainConfig  # noqa: E402
 from fbands.rl.report import parse_report_to  # noqa: E402
 
-TINY = dict(steps=4, prompts_per_step=2, group_size=2, ppo_epochs=1, minibatches=1,
-            warm_start_steps=0, tiny_d_model=16, tiny_heads=2, tiny_layers=1, eval_every=0,
-            loss="clip", mechanism_metrics=False, progress=False, checkpoint_every=2)
+from ._tiny_run import TINY_RUN, quiet  # noqa: E402
 
-
-def quiet(_msg):
-    pass
+TINY = {**TINY_RUN, "steps": 4, "checkpoint_every": 2}
 
 
 def test_report_to_names_known_viewers_only():

@@ -29,14 +29,10 @@ from fbands.rl.checkpoint import load_checkpoint, sealed  # noqa: E402
 from fbands.rl.config import TrainConfig  # noqa: E402
 from fbands.rl.run_folder import claim, keep_metrics  # noqa: E402
 
+from ._tiny_run import TINY_RUN, quiet  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
-TINY = dict(steps=2, prompts_per_step=2, group_size=2, ppo_epochs=1, minibatches=1,
-            warm_start_steps=0, tiny_d_model=16, tiny_heads=2, tiny_layers=1, eval_every=0,
-            loss="clip", mechanism_metrics=False, progress=False, checkpoint_every=1)
-
-
-def quiet(_msg):
-    pass
+TINY = TINY_RUN
 
 
 def tiny(run: Path, **changes) -> TrainConfig:
