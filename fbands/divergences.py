@@ -105,11 +105,8 @@ class Divergence:
         return d.upper is not None and d.lower is not None
 
     def lower_limit_at_one(self, delta: float) -> float:
-        """``r* = lim_{p -> 1} lower(p, delta)``.
-
-        The root in ``[0, 1]`` of ``f(r) + (1 - r) f'(inf) = delta`` (0 if there is none), or
-        1 when ``f'(inf)`` is infinite.
-        """
+        """``r* = lim_{p -> 1} lower(p, delta)``: the root in ``[0, 1]`` of ``f(r) + (1 - r)
+        f'(inf) = delta`` (0 if there is none), or 1 when ``f'(inf)`` is infinite."""
         delta = _checks.positive("delta", delta, DivergenceError)
         from fbands._solver import lower_limit_at_one
 
@@ -122,9 +119,7 @@ class Divergence:
 
     @cached_property
     def mpmath_f0(self):
-        """``f(0+)`` as a function of no argument that evaluates it exactly, in mpmath's
-        working precision (the float :attr:`f0` is off by an ulp: too much for deciding
-        whether the ball reaches ``r = 0`` in extended precision)."""
+        """``f(0+)`` exact at mpmath's precision, a function of no argument (:attr:`f0` is not)."""
         return sp.lambdify([], sp.limit(self.f, symbolic.U, 0, "+"), "mpmath")
 
     # -- code for the backends -------------------------------------------------------------
@@ -269,9 +264,8 @@ def register(
     description : str
         One line for ``fbands divergences``.
     overwrite : bool
-        Replace an existing entry of the same name.  Without it, registering a name again
-        with the same generator, parameters and description returns the registered
-        divergence (a notebook cell run twice); anything else under a taken name raises.
+        Replace an existing entry of the same name (without it, the same generator,
+        parameters and description again return the registered divergence).
     check : bool
         Verify ``f(1) = 0``, finiteness on ``(0, inf)``, convexity (on a grid of 81 points
         from 1e-10 to 1e10, in 30-digit arithmetic) and strict convexity at 1.
@@ -284,8 +278,7 @@ def register(
     Raises
     ------
     DivergenceError
-        For a name taken by another generator, an expression that does not parse, or an
-        invalid generator.
+        For a name taken by another generator, a bad expression, or an invalid generator.
 
     Examples
     --------
@@ -306,14 +299,11 @@ def register(
     params = tuple(params)
     expr = _generators.parse_f(f, params)
     if not overwrite and (name in _REGISTRY or name in _FAMILIES or name in _ALIASES):
-        # the same registration again (a notebook cell run twice) gives what is there
-        same = (_REGISTRY[name] if name in _REGISTRY and not params
-                and _REGISTRY[name].f == expr and _REGISTRY[name].description == description
-                else None)
-        if name in _FAMILIES and _FAMILIES[name] == (expr, params, description):
+        old = _REGISTRY.get(name)  # the same registration again: a notebook cell run twice
+        if old is not None and not params and (old.f, old.description) == (expr, description):
+            return old
+        if _FAMILIES.get(name) == (expr, params, description):
             return Divergence(name, expr, description)
-        if same is not None:
-            return same
         raise DivergenceError(f"a divergence named {name!r} exists with another generator or "
                               "description; pass overwrite=True to replace it")
     if not params and check:

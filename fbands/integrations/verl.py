@@ -384,10 +384,9 @@ def compute_policy_loss(
         \ \texttt{**global\_batch\_info}),
 
     computed by :func:`fbands.losses.policy_loss` in ``token-sum`` mode with the mask
-    :math:`W w`.  Only the metrics, which verl wants as Python numbers, wait for the device
-    (one transfer).  The band is computed on each call: verl 0.9 hands every micro-batch
-    of every epoch to the loss as a new tensor, so computing it once per mini-batch needs
-    it computed before verl splits the batch.
+    :math:`W w`.  Only the metrics (Python numbers for verl) wait for the device.  The band
+    is computed on each call: verl 0.9 hands every micro-batch of every epoch over as a new
+    tensor (once per mini-batch would need it before verl splits the batch).
 
     Parameters
     ----------
@@ -428,12 +427,10 @@ def compute_policy_loss(
         raise VerlBandError("the band losses need verl's actor config (config=None given)")
     section = _get(config, "policy_loss", None)
     if section is None:  # verl's on-policy distillation passes its DistillationLossConfig
-        raise VerlBandError(
-            f"loss_mode={loss_mode!r} was called with a {type(config).__name__}, which has no "
-            "policy_loss section: the band's options (div, delta, ...) are not there, and the "
-            "loss would run with its defaults. verl's on-policy distillation "
-            "(use_policy_gradient) calls policy losses that way: give its policy_loss_mode a "
-            "verl loss (vanilla), not a band")
+        raise VerlBandError(f"loss_mode={loss_mode!r} got a {type(config).__name__} without a "
+                            "policy_loss section, so none of the band's options: verl's "
+                            "distillation calls losses that way; give its policy_loss_mode a "
+                            "verl loss (vanilla), not a band")
     cfg = loss_config(section, config, loss_mode=loss_mode)
     if cfg not in _LOGGED:  # once per configuration and worker process
         _LOGGED.add(cfg)
