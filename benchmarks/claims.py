@@ -68,7 +68,8 @@ REAL_T = dict(LLM, task="verify", verify_true_share=1.0, system_prompt=SKEPTIC,
               max_new_tokens=4, steps=10, eval_every=1)
 REAL_S = dict(LLM, task="sum", max_new_tokens=32, steps=20, eval_every=5, eval_samples=8,
               lr=3e-5)
-#: experiment S at scale on one large GPU (benchmarks/gpu_claims.sh); float32 throughout
+#: experiment S at scale on one large GPU, float32 throughout (run only when named; its
+#: launcher, gpu_claims.sh, was retired: it did not fit the GPU machine lent to the project)
 REAL_S_GPU = dict(REAL_S, prompts_per_step=32, group_size=16, max_new_tokens=64,
                   minibatches=8, steps=60, eval_every=10, device="cuda", bf16=False)
 #: ``--scale tiny``: the same runs, shrunk until a CPU finishes them in a minute or two
