@@ -5,6 +5,10 @@ cancellation (written once for every array namespace ``xp``; the scalar twins ar
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fbands._band_function import BandFunction
 
 #: A discriminant above ``-NEGATIVE_DISC a1^2`` is a double root rounded below zero.
 NEGATIVE_DISC = 1e-12
@@ -14,6 +18,9 @@ NEAR_DOUBLE = 1e-2
 #: A lower edge ``r = 1 - y`` this close to 0 is below the resolution of ``y``: Newton on the
 #: form in ``r`` starts from 0 (one step is exact to ``O(r)``; neyman_chi2 at ``p = 1e-17``).
 Y_RESOLUTION = 4 * 2.0**-52
+#: An upper closed-form root up to this factor past ``r = 1/p`` is kept (and clamped): the
+#: rounding of the polynomial's coefficients can push an edge at saturation slightly past.
+TOP_SLACK = 1.01
 
 
 def real_roots(xp, a2, a1, a0, zero):
@@ -94,3 +101,57 @@ def lower_root(xp, form_y, form_r, p, q, delta, polish: bool = True):
     step = below_half & ((r > 0) | unresolved)
     ill = ill | (below_half & real_roots(xp, a2, a1, a0, zero)[2])
     return xp.where(step, start - newton_step(a2, a1, a0, start, zero), r), y, ill
+
+
+def squared_edge(fun: BandFunction, edge: str):
+    """The log-edge of a squared form: of the roots inside the bracket, the one that solves
+    ``g = delta`` best (squaring may have added an extraneous one).  The lower edge's
+    candidates are the roots of its form in ``r`` and, where the divergence has it, of its
+    form in ``y = 1 - r``: next to ``r = 1`` (``p`` next to 1, both roots within about
+    ``delta`` of 1) the form in ``r`` rounds both to 1, the form in ``y`` keeps their digits."""
+    xp, x = fun.xp, fun.x
+    forms = ("upper",) if edge == "upper" else ("lower", "lower_y")
+    best = have = best_e = None
+    for name in forms:
+        if name not in fun.closed:
+            continue
+        (c2, c1, c0), _, zero = fun.closed[name]
+        a2, a1, a0 = (c(x.p, x.q, x.delta) + 0.0 * x.p for c in (c2, c1, c0))
+        for v in real_roots(xp, a2, a1, a0, zero)[:2]:
+            if name == "upper":  # v = r - 1 in (0, q/p]
+                ok, s = (v > 0) & (v * fun.p_over_q <= TOP_SLACK), xp.log1p(v)
+            elif name == "lower":  # v = r in [0, 1]
+                ok, s = (v >= 0) & (v <= 1), xp.log(v)
+            else:  # v = 1 - r in [0, 1]
+                ok, s = (v >= 0) & (v <= 1), xp.log1p(-v)
+            e = xp.abs(fun.value(xp.where(ok, s, 0.0)) - x.delta)
+            e = xp.where(e == e, e, math.inf)
+            if best is None:
+                best, have, best_e = xp.where(ok, s, math.nan), ok, e
+                continue
+            take = ok & (~have | (e < best_e))
+            best, best_e, have = xp.where(take, s, best), xp.where(take, e, best_e), have | ok
+    return best
+
+
+def unsquared(closed: dict, edge: str) -> bool:
+    """Whether ``edge`` is solved by its unsquared closed forms (:func:`upper_root`,
+    :func:`lower_root`), rather than by checking the roots of a form against ``g``."""
+    forms = ("upper",) if edge == "upper" else ("lower", "lower_y")
+    return all(name in closed and not closed[name][1] for name in forms)
+
+
+def closed_edge(fun: BandFunction, edge: str):
+    """Log-edge from the closed forms, before saturation (nan where they give no valid
+    root), and where it needs a polish: ill-conditioned roots, and every root of a squared
+    form (which may have merged a root with its extraneous twin)."""
+    xp, x = fun.xp, fun.x
+    if not unsquared(fun.closed, edge):
+        return squared_edge(fun, edge), x.p == x.p  # (all True)
+    if edge == "upper":
+        y, ill = upper_root(xp, fun.closed["upper"], x.p, x.q, x.delta)
+        return xp.log1p(y), ill
+    r, y, ill = lower_root(xp, fun.closed["lower_y"], fun.closed["lower"], x.p, x.q, x.delta)
+    # A root at or below r = 0 (no positive root in y, or one at y >= 1) is the saturated
+    # edge: g's own test at r = 0 may round the other way within an ulp of the threshold.
+    return xp.where(r >= 0.5, xp.log1p(-xp.minimum(y, 0.5)), xp.log(xp.maximum(r, 0.0))), ill

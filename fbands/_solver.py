@@ -60,11 +60,15 @@ from fbands._band_function import (  # noqa: F401  (LN2, LP_TINY ...: the method
 from fbands._roots import (  # noqa: F401  (the closed forms' names, for both forms)
     NEAR_DOUBLE,
     NEGATIVE_DISC,
+    TOP_SLACK,
     Y_RESOLUTION,
+    closed_edge,
     lower_root,
     newton_step,
     real_roots,
     smallest_positive,
+    squared_edge,
+    unsquared,
     upper_root,
 )
 
@@ -112,9 +116,6 @@ GEOMETRIC_SPLIT = 4.0
 #: The lower edge's first guess switches from ``log(1 - w)`` (small delta) to the tail of f at
 #: 0 once the chi-square half-width ``w`` reaches this (log(1 - w) is far off, or undefined).
 TAIL_SWITCH = 0.5
-#: An upper closed-form root up to this factor past ``r = 1/p`` is kept (and clamped): the
-#: rounding of the polynomial's coefficients can push an edge at saturation slightly past.
-TOP_SLACK = 1.01
 #: The most negative float: a lower edge whose log lies below it is ``-inf`` (saturated in
 #: float64: ``g`` at ``s = S_FLOOR`` already within the radius), and the first guess of a
 #: lower edge is never below it (Newton cannot start from ``-inf``).
@@ -196,48 +197,6 @@ def _solve_tiny(div: Divergence, xp, x: Inputs, fixed_iter, kernels=None):
         s_lo = _lower_tail(div, xp, x)
         s_lo = zero + math.nan if s_lo is None else s_lo
     return s_lo, s_hi, n
-
-
-def _squared_edge(fun: BandFunction, edge: str):
-    """The log-edge of a squared form: of the roots inside the bracket, the one that solves
-    ``g = delta`` best (squaring may have added an extraneous one)."""
-    xp, x = fun.xp, fun.x
-    (c2, c1, c0), _, zero = fun.closed[edge]
-    a2, a1, a0 = (c(x.p, x.q, x.delta) + 0.0 * x.p for c in (c2, c1, c0))
-    v1, v2, _ = real_roots(xp, a2, a1, a0, zero)
-    if edge == "upper":  # v = r - 1 in (0, q/p]
-        ok1, ok2 = ((v > 0) & (v * fun.p_over_q <= TOP_SLACK) for v in (v1, v2))
-        s1, s2 = xp.log1p(v1), xp.log1p(v2)
-    else:  # v = r in [0, 1]
-        ok1, ok2 = ((v >= 0) & (v <= 1) for v in (v1, v2))
-        s1, s2 = xp.log(v1), xp.log(v2)
-    e1 = xp.abs(fun.value(xp.where(ok1, s1, 0.0)) - x.delta)
-    e2 = xp.abs(fun.value(xp.where(ok2, s2, 0.0)) - x.delta)
-    first = ok1 & (~ok2 | (e1 <= e2))
-    return xp.where(first, s1, xp.where(ok2, s2, math.nan))
-
-
-def unsquared(closed: dict, edge: str) -> bool:
-    """Whether ``edge`` is solved by its unsquared closed forms (:func:`upper_root`,
-    :func:`lower_root`), rather than by checking the roots of a form against ``g``."""
-    forms = ("upper",) if edge == "upper" else ("lower", "lower_y")
-    return all(name in closed and not closed[name][1] for name in forms)
-
-
-def _closed_edge(fun: BandFunction, edge: str):
-    """Log-edge from the closed forms, before saturation (nan where they give no valid
-    root), and where it needs a polish: ill-conditioned roots, and every root of a squared
-    form (which may have merged a root with its extraneous twin)."""
-    xp, x = fun.xp, fun.x
-    if not unsquared(fun.closed, edge):
-        return _squared_edge(fun, edge), x.p == x.p  # (all True)
-    if edge == "upper":
-        y, ill = upper_root(xp, fun.closed["upper"], x.p, x.q, x.delta)
-        return xp.log1p(y), ill
-    r, y, ill = lower_root(xp, fun.closed["lower_y"], fun.closed["lower"], x.p, x.q, x.delta)
-    # A root at or below r = 0 (no positive root in y, or one at y >= 1) is the saturated
-    # edge: g's own test at r = 0 may round the other way within an ulp of the threshold.
-    return xp.where(r >= 0.5, xp.log1p(-xp.minimum(y, 0.5)), xp.log(xp.maximum(r, 0.0))), ill
 
 
 def polish(fun: BandFunction, s, lo, hi):
@@ -387,7 +346,7 @@ def _edge(fun: BandFunction, name: str, lo, hi, fixed_iter, tiny: bool, no_close
     if name not in fun.closed:
         s, how = newton, zero + NEWTON
     else:
-        s, close = _closed_edge(fun, name)
+        s, close = closed_edge(fun, name)
         if smooth and not unsquared(fun.closed, name):
             # A squared form's root next to r = 1 keeps few digits (two roots of its
             # polynomial in r nearly meet); the small-radius band is the better start.

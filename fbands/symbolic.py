@@ -181,16 +181,26 @@ def _optimize(expr: sp.Expr) -> sp.Expr:
     return optimize(expr, optims_c99)
 
 
+def _in_q(e: sp.Expr) -> sp.Expr:
+    """``e`` (a sum) written in ``q = 1 - p`` where that has fewer terms: ``1 - p`` is ``q``,
+    and ``delta + 4 p - 4`` is ``delta - 4 q``, whose float value keeps every digit of a
+    ``delta`` far below 1 when ``p`` is next to 1 (``(delta + 4 p) - 4`` loses them)."""
+    if not (e.is_Add and e.has(P)):
+        return e
+    in_q = sp.expand(e.subs(P, 1 - Q))
+    terms = len(in_q.args) if in_q.is_Add else 1
+    return in_q if terms < len(e.args) else e
+
+
 def _in_p_and_q(c: sp.Expr) -> sp.Expr:
-    """Simplify a coefficient using ``p + q = 1``, then write each factor ``1 - p`` as ``q``.
+    """Simplify a coefficient using ``p + q = 1``, then write each factor that is shorter in
+    ``q = 1 - p`` so (:func:`_in_q`).
 
     The solvers receive ``q`` computed accurately (``-expm1(log p)`` for log-inputs), so
     keeping it as a symbol avoids forming ``1 - p`` again in floating point.
     """
     c = sp.factor(sp.expand(c.subs(Q, 1 - P)))
-    return c.replace(
-        lambda e: e.is_Add and sp.expand(e - (1 - P)) == 0, lambda e: Q
-    ).replace(lambda e: e.is_Add and sp.expand(e - (P - 1)) == 0, lambda e: -Q)
+    return c.replace(lambda e: e.is_Add and e.has(P), _in_q)
 
 
 #: Largest integer power of ``u`` that can still give a band equation of degree <= 2; a

@@ -243,3 +243,56 @@ def test_huge_radius_at_p_one(backend):
         llo, lhi = (_np(a) for a in fbands.log_bounds(_as(backend, np.array([1.0])), delta,
                                                       "kl", backend=backend))
         assert llo[0] == -delta and lhi[0] == 0.0
+
+
+# ----------------------------------------------------------------------------- P8
+
+#: p next to 1 and radii far below 1, where both roots of hellinger's squared closed form
+#: in r lie within about delta of 1 (P8): 1 - p and delta as in the probe.
+NEAR_ONE_Q = [1e-6, 1e-8, 1e-10, 1e-12, 1e-13, 1e-14]
+NEAR_ONE_DELTA = [1e-9, 1e-10, 1e-11, 1e-12]
+
+
+def _near_one_errors(name: str, backend: str) -> list[tuple]:
+    """Relative errors of the lower edge and of its log, and of the log upper edge, against
+    the reference, for p = 1 - q (p and log p input): ``(error, what, q, delta, logp)``."""
+    ps = np.array([1.0 - q for q in NEAR_ONE_Q])
+    out = []
+    for logp in (False, True):
+        x = np.log(ps) if logp else ps
+        for delta in NEAR_ONE_DELTA:
+            lo, _ = (_np(a) for a in fbands.bounds(_as(backend, x), delta, name,
+                                                   backend=backend, logp=logp))
+            llo, lhi = (_np(a) for a in fbands.log_bounds(_as(backend, x), delta, name,
+                                                          backend=backend, logp=logp))
+            for i, q in enumerate(NEAR_ONE_Q):
+                with mp.workdps(R.DPS):
+                    p = mp.exp(mp.mpf(float(x[i]))) if logp else mp.mpf(float(x[i]))
+                    want_lo, want_hi = R.edges(R.TABLE[name], p, delta)
+                    out.append((float(abs(lo[i] - want_lo) / want_lo), "lower", q, delta, logp))
+                    out.append((float(abs(llo[i] - mp.log(want_lo)) / -mp.log(want_lo)),
+                                "log lower", q, delta, logp))
+                    out.append((float(abs(lhi[i] - mp.log(want_hi)) / mp.log(want_hi)),
+                                "log upper", q, delta, logp))
+    return out
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("name", ["hellinger", "alpha(a=0.5)"])
+def test_squared_lower_edge_next_to_p_one(name, backend):
+    """P8: hellinger and alpha(1/2) (a squared closed form) for p within 1e-6 ... 1e-14 of 1
+    and delta 1e-9 ... 1e-12: the lower edge and its log to 1e-13 relative (they were off
+    by 2e-6, and the log by up to 998 times itself: both roots of the form in r rounded to
+    1, and the form in 1 - r lost delta's digits in delta + 4 p - 4)."""
+    pytest.importorskip(backend)
+    worst = max(_near_one_errors(name, backend))
+    assert worst[0] <= 1e-13, worst
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["hellinger", "alpha(a=0.5)"])
+def test_squared_lower_edge_next_to_p_one_numba(name):
+    """P8 on the numba backend (its scalar solver is the array solver's twin)."""
+    pytest.importorskip("numba")
+    worst = max(_near_one_errors(name, "numba"))
+    assert worst[0] <= 1e-13, worst

@@ -300,32 +300,47 @@ def lower_root_one(p, q, delta, polish):
     return r, y, ill
 
 
+@numba.njit(**INLINE)
+def _squared_pick(ok, s, best, best_e, have, lp, lq, p, q, poq, delta):
+    """One candidate of :func:`squared_edge_one`: ``(best, its |g - delta|, any taken)``."""
+    e = abs(value_and_slope_one(BAND, s if ok else 0.0, lp, lq, p, q, poq)[0] - delta)
+    e = e if e == e else math.inf
+    if ok and ((not have) or e < best_e):
+        return s, e, True
+    return best, best_e, have or ok
+
+
 @numba.njit(**OPTS)
 def squared_edge_one(upper, lp, lq, p, q, poq, delta):
-    """:func:`_squared_edge`."""
+    """:func:`fbands._roots.squared_edge` (a form the divergence lacks has nan
+    coefficients: no root of it is ever taken)."""
+    best, best_e, have = math.nan, math.inf, False
     if upper:
         v1, v2, _ = real_roots_one(upper_a2(p, q, delta) + 0.0, upper_a1(p, q, delta) + 0.0,
                                    upper_a0(p, q, delta) + 0.0, UPPER_ZERO)
-        ok1 = v1 > 0 and v1 * poq <= TOP_SLACK
-        ok2 = v2 > 0 and v2 * poq <= TOP_SLACK
-        s1 = math.log1p(v1) if v1 > -1 else math.nan
-        s2 = math.log1p(v2) if v2 > -1 else math.nan
-    else:
-        v1, v2, _ = real_roots_one(lower_a2(p, q, delta) + 0.0, lower_a1(p, q, delta) + 0.0,
-                                   lower_a0(p, q, delta) + 0.0, LOWER_ZERO)
-        ok1 = v1 >= 0 and v1 <= 1
-        ok2 = v2 >= 0 and v2 <= 1
-        s1 = math.log(v1) if v1 > 0 else (-math.inf if v1 == 0 else math.nan)
-        s2 = math.log(v2) if v2 > 0 else (-math.inf if v2 == 0 else math.nan)
-    e1 = abs(value_and_slope_one(BAND, s1 if ok1 else 0.0, lp, lq, p, q, poq)[0] - delta)
-    e2 = abs(value_and_slope_one(BAND, s2 if ok2 else 0.0, lp, lq, p, q, poq)[0] - delta)
-    first = ok1 and ((not ok2) or e1 <= e2)
-    return s1 if first else (s2 if ok2 else math.nan)
+        for v in (v1, v2):
+            s = math.log1p(v) if v > -1 else math.nan
+            best, best_e, have = _squared_pick(v > 0 and v * poq <= TOP_SLACK, s, best,
+                                               best_e, have, lp, lq, p, q, poq, delta)
+        return best
+    v1, v2, _ = real_roots_one(lower_a2(p, q, delta) + 0.0, lower_a1(p, q, delta) + 0.0,
+                               lower_a0(p, q, delta) + 0.0, LOWER_ZERO)
+    for v in (v1, v2):
+        s = math.log(v) if v > 0 else (-math.inf if v == 0 else math.nan)
+        best, best_e, have = _squared_pick(v >= 0 and v <= 1, s, best, best_e, have,
+                                           lp, lq, p, q, poq, delta)
+    v1, v2, _ = real_roots_one(lower_y_a2(p, q, delta) + 0.0, lower_y_a1(p, q, delta) + 0.0,
+                               lower_y_a0(p, q, delta) + 0.0, LOWER_Y_ZERO)
+    for v in (v1, v2):
+        s = math.log1p(-v) if v < 1 else (-math.inf if v == 1 else math.nan)
+        best, best_e, have = _squared_pick(v >= 0 and v <= 1, s, best, best_e, have,
+                                           lp, lq, p, q, poq, delta)
+    return best
 
 
 @numba.njit(**OPTS)
 def closed_edge_one(upper, lp, lq, p, q, poq, delta):
-    """:func:`_closed_edge`: ``(log-edge, needs a polish)``."""
+    """:func:`fbands._roots.closed_edge`: ``(log-edge, needs a polish)``."""
     if not (UPPER_UNSQUARED if upper else LOWER_UNSQUARED):
         return squared_edge_one(upper, lp, lq, p, q, poq, delta), True
     if upper:
