@@ -129,8 +129,9 @@ def test_the_script_runs_shrunk_on_a_cpu(tmp_path):
         assert r["ok"], r
         if r["dtype"] == "float64":
             assert r["max_rel_err"] <= (1e-11 if cuda else 1e-12), r
-        else:
+        else:  # a few ulps of the correctly rounded edge
             assert r["max_ulp"] <= 4, r
+            assert r["max_rel_err"] <= 4 * torch.finfo(getattr(torch, r["dtype"])).eps, r
         if acc["cpu_reference_is_same_device"]:
             assert r["differ_from_cpu"] == 0, r
 
@@ -138,9 +139,9 @@ def test_the_script_runs_shrunk_on_a_cpu(tmp_path):
     assert len(syncs) == 12
     for case, r in syncs.items():
         if case.startswith("sync-free") or case.startswith("policy_loss"):
-            assert r["waiting_ops"] == 0, r
-        if cuda:
-            assert r["cuda_sync_warnings"] <= r["expected_on_cuda"], r
+            assert r["waiting_ops"] == 0 and r["required_on_cuda"] == 0, r
+        if cuda and r["required_on_cuda"] is not None:
+            assert r["cuda_sync_warnings"] <= r["required_on_cuda"], r
 
     caps = {r["capacity"]: r for r in s["sync_free"]["small_capacity"]}
     assert caps[64]["nan_edges"] > 0 and caps["default"]["nan_edges"] == 0
