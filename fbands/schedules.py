@@ -41,6 +41,7 @@ as ``start + (end - start) i / (K - 1)``.
 
 from __future__ import annotations
 
+import bisect
 import math
 import operator
 import re
@@ -53,6 +54,13 @@ KINDS = ("constant", "linear", "cosine", "poly", "hold_linear", "restarts")
 #: ``restarts``: how the period grows, and the shape within a period.
 RESTART_MODES = ("expanding", "fixed")
 RESTART_SHAPES = ("cosine", "constant")
+#: ``restarts``: the most periods a schedule may have (t0 = 1e-300 would need 1e300).
+MAX_PERIODS = 100_000
+
+
+def _between(value: float, a: float, b: float) -> float:
+    """``value`` clamped to the radii ``a``, ``b`` (rounding may step an ulp past them)."""
+    return min(max(value, min(a, b)), max(a, b))
 
 
 def _positive(name: str, value) -> float:
@@ -173,34 +181,53 @@ class DeltaSchedule:
                               f"got {self.shape!r}")
         if not isinstance(self.decay, bool):
             raise ConfigError(f"decay must be True or False, got {self.decay!r}")
+        if self.decay and self.gamma > 1.0:
+            raise ConfigError(f"gamma must be <= 1 (decay shrinks the restarts), got "
+                              f"{self.gamma!r}")
+        periods = self._cover()
+        if periods is None:
+            growth = "t0 or t_mult" if self.mode == "expanding" else "t0"
+            raise ConfigError(
+                f"restarts: t0={self.t0!r}, t_mult={self.t_mult!r} ({self.mode}) need more "
+                f"than {MAX_PERIODS} periods to cover total_steps (periods that shrink "
+                f"geometrically may never reach it); raise {growth}")
+        object.__setattr__(self, "_periods", periods)
 
-    def _periods(self) -> list[tuple[float, float]]:
-        """``(start, length)`` of each period, in units of progress, covering [0, 1]."""
+    def _cover(self) -> tuple[list[float], list[float]] | None:
+        """``(starts, lengths)`` of the periods, in units of progress, covering [0, 1]; None
+        when more than :data:`MAX_PERIODS` would be needed (or they never cover it)."""
         growth = self.t_mult if self.mode == "expanding" else 1.0
-        periods, begin, length = [], 0.0, self.t0
-        while begin < 1.0 - 1e-12 and len(periods) < 100_000:
-            periods.append((begin, min(length, 1.0 - begin)))
-            begin += periods[-1][1]
+        begins, lengths, begin, length = [], [], 0.0, self.t0
+        while begin < 1.0 - 1e-12:
+            if len(begins) == MAX_PERIODS or not length > 0.0:
+                return None
+            begins.append(begin)
+            lengths.append(min(length, 1.0 - begin))
+            begin += lengths[-1]
             length *= growth
-        return periods
+        return begins, lengths
 
     def _restarts(self, t: float) -> float:
-        periods = self._periods()
-        i = max(j for j, (b, _) in enumerate(periods) if j == 0 or b <= t)
-        begin, length = periods[i]
+        begins, lengths = self._periods
+        i = max(bisect.bisect_right(begins, t) - 1, 0)
         a, b = self.start, self.end
         if self.shape == "constant":
-            if self.decay and len(periods) >= 2:
-                return a + (b - a) * i / (len(periods) - 1)
+            if self.decay and len(begins) >= 2:
+                return _between(a + (b - a) * (i / (len(begins) - 1)), a, b)
             return a
+        # (a - b times a weight in [0, 1]: a - b times 2 overflows for a radius near the
+        # largest float)
         amplitude = (a - b) * (self.gamma ** i if self.decay else 1.0)
-        return b + amplitude * (1 + math.cos(math.pi * (t - begin) / length)) / 2
+        weight = (1 + math.cos(math.pi * min((t - begins[i]) / lengths[i], 1.0))) / 2
+        return _between(b + amplitude * weight, a, b)
 
     def __call__(self, step: int) -> float:
         """The radius at ``step`` (an integer ``>= 0``)."""
         step = _count("step", step, 0)
         if self.kind == "constant":
             return self.start
+        # (a step past total_steps is total_steps: 10**400 / 1000 is no float)
+        step = min(step, self.total_steps)
         t = min(max((step - self.hold_steps) / (self.total_steps - self.hold_steps), 0.0), 1.0)
         if self.kind == "restarts":
             return self._restarts(t)
@@ -210,7 +237,7 @@ class DeltaSchedule:
         if self.kind in ("linear", "hold_linear"):
             return a + (b - a) * t
         if self.kind == "cosine":
-            return b + (a - b) * (1 + math.cos(math.pi * t)) / 2
+            return _between(b + (a - b) * ((1 + math.cos(math.pi * t)) / 2), a, b)
         return b + (a - b) * (1 - t) ** self.power  # poly
 
     def update(self, kl: float) -> float:

@@ -14,6 +14,8 @@ import sys
 import mpmath as mp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import fbands
 from tests import reference as R
@@ -296,3 +298,40 @@ def test_squared_lower_edge_next_to_p_one_numba(name):
     pytest.importorskip("numba")
     worst = max(_near_one_errors(name, "numba"))
     assert worst[0] <= 1e-13, worst
+
+
+# ----------------------------------------------------------------------------- P16 (a)
+
+_RADII = st.floats(min_value=5e-324, max_value=BIG, allow_nan=False, allow_infinity=False)
+_SHARES = st.floats(min_value=5e-324, max_value=BIG, allow_nan=False, allow_infinity=False)
+_STEPS = st.one_of(st.integers(0, 10**4), st.integers(0, 2**64), st.integers(0, 10**400))
+
+
+@settings(max_examples=300, deadline=None)
+@given(start=_RADII, end=_RADII, total=st.integers(1, 10**18 - 1),
+       t0=st.one_of(st.floats(0.01, 2.0), _SHARES),
+       t_mult=st.one_of(st.floats(0.3, 4.0), _SHARES),
+       mode=st.sampled_from(["expanding", "fixed"]), shape=st.sampled_from(["cosine", "constant"]),
+       decay=st.sampled_from(["decay", "nodecay"]),
+       gamma=st.one_of(st.floats(0.1, 1.0), _SHARES), steps=st.lists(_STEPS, max_size=6))
+def test_restarts_schedule_is_finite_and_between_its_radii(start, end, total, t0, t_mult, mode,
+                                                            shape, decay, gamma, steps):
+    """P16 (a): a restarts schedule (and the cosine one) never gives inf or nan, nor a radius
+    outside [min, max] of its start and end, at any step, however far past total_steps; a
+    configuration it cannot follow is refused by name.  (start = 1e308 gave inf: the cosine
+    computed (start - end) * 2; gamma > 1 grew the radius past start; t_mult < 1 with periods
+    that never cover the schedule divided by a period of length 0.)"""
+    from fbands.schedules import parse_schedule
+
+    text = (f"restarts:{start!r}:{end!r}:{total}:{t0!r}:{t_mult!r}:{mode}:{shape}:{decay}:"
+            f"{gamma!r}")
+    try:
+        schedules = [parse_schedule(text), parse_schedule(f"cosine:{start!r}:{end!r}:{total}")]
+    except fbands.ConfigError as e:
+        assert any(word in str(e) for word in ("gamma", "t0", "t_mult")), str(e)
+        return
+    for schedule in schedules:
+        for step in [0, 1, total // 2, total - 1, total, *steps]:
+            value = schedule(step)
+            assert math.isfinite(value), (text, step, value)
+            assert min(start, end) <= value <= max(start, end), (text, step, value)
