@@ -300,21 +300,27 @@ class WaitCounter(TorchDispatchMode):
                 setattr(torch.Tensor, name, original)
 
 
+def cuda_sync_warnings(fn) -> int:
+    """The synchronising CUDA calls of one call of ``fn``, as
+    ``torch.cuda.set_sync_debug_mode("warn")`` reports them."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
 def count_waits(fn, dev) -> dict:
     """Host synchronisations of one call of ``fn``: CUDA's own warnings (CUDA only) and the
     dispatch counter."""
     out = {}
     if torch.device(dev).type == "cuda":
-        torch.cuda.synchronize()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                fn()
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-        torch.cuda.synchronize()
-        out["cuda_sync_warnings"] = sum("synchroniz" in str(w.message) for w in caught)
+        out["cuda_sync_warnings"] = cuda_sync_warnings(fn)
     counter = WaitCounter()
     with counter:
         fn()
@@ -603,19 +609,25 @@ def section_throughput(dev, args, clock: Clock) -> dict:
                 eager_s = per_call_s(fn, dev)
                 row["eager_ns_per_token"] = eager_s / n * 1e9
                 row["eager_copy_over_band"] = copy_s / eager_s
+                graph_text = ""
                 if cuda:
-                    graph, _ = capture(fn)
-                    graph_s = per_call_s(graph.replay, dev)
-                    row["graph_ns_per_token"] = graph_s / n * 1e9
-                    row["graph_copy_over_band"] = copy_s / graph_s
-                    del graph
+                    try:
+                        graph, _ = capture(fn)
+                        graph_s = per_call_s(graph.replay, dev)
+                        del graph
+                    except RuntimeError as err:  # report it, keep the eager numbers
+                        row["graph_error"] = str(err)[:300]
+                        graph_text = f", graph capture failed: {err!r:.200}"
+                    else:
+                        row["graph_ns_per_token"] = graph_s / n * 1e9
+                        row["graph_copy_over_band"] = copy_s / graph_s
+                        graph_text = (f", graph {row['graph_ns_per_token']:.3f} ns/token "
+                                      f"(copy/band {row['graph_copy_over_band']:.3f})")
                 rows.append(row)
                 clock.say(f"throughput n={n:>9} {div} {call:>10}: copy "
                           f"{row['copy_ns_per_token']:.4f} ns/token, eager "
                           f"{row['eager_ns_per_token']:.3f} ns/token (copy/band "
-                          f"{row['eager_copy_over_band']:.3f})"
-                          + (f", graph {row['graph_ns_per_token']:.3f} ns/token (copy/band "
-                             f"{row['graph_copy_over_band']:.3f})" if cuda else ""))
+                          f"{row['eager_copy_over_band']:.3f}){graph_text}")
         if cuda:
             del p, lp, dst
             torch.cuda.empty_cache()
@@ -658,7 +670,8 @@ def compiled_child(args) -> int:
                "copy_ns_per_token": copy_s / n * 1e9,
                "compiled_copy_over_band": copy_s / band_s}
         if dev.type == "cuda":
-            row["cuda_sync_warnings"] = count_waits(compiled, dev)["cuda_sync_warnings"]
+            # (not under the dispatch counter: a dispatch mode would make it recompile)
+            row["cuda_sync_warnings"] = cuda_sync_warnings(compiled)
         print("ROW " + json.dumps(row), flush=True)
         torch._dynamo.reset()
     return 0
@@ -678,8 +691,8 @@ def section_compiled(dev, args, clock: Clock) -> dict:
         limit = min(args.compile_limit, clock.left() - 15)
         if limit < min(30, args.compile_limit):
             clock.say(f"compiled {div} {call}: not tried, {clock.left():.0f} s left")
-            rows.append({"div": div, "call": call, "result": f"not tried: {clock.left():.0f} "
-                                                              "s left"})
+            rows.append({"n": args.n[0], "div": div, "call": call,
+                         "result": f"not tried: {clock.left():.0f} s left"})
             continue
         cmd = [sys.executable, str(Path(__file__).resolve()), "--compiled-item", div, call,
                "--device", str(dev), "--n", *map(str, args.n)]
@@ -861,7 +874,7 @@ def summary(report: dict) -> str:
     syn = s.get("syncs", {})
     if "rows" in syn:
         lines += ["## Host synchronisations per call", "", f"Counter: {syn['counter']}.", "",
-                  syn["note"][0].upper() + syn["note"][1:] + ".", "",
+                  syn.get("note", "-")[:1].upper() + syn.get("note", "-")[1:] + ".", "",
                   "| call | CUDA sync warnings | waiting ops | required on CUDA |",
                   "|---|---|---|---|"]
         lines += [f"| {r['case']} | {r.get('cuda_sync_warnings', '-')} | {r['waiting_ops']} | "
@@ -877,11 +890,12 @@ def summary(report: dict) -> str:
         lines += [f"- under set_sync_debug_mode('error'): {free['error_mode']}",
                   f"- CUDA graph replay: {free['cuda_graph']}", ""]
     thr = s.get("throughput", {})
-    comp = {(r["n"], r["div"], r["call"]): r for r in s.get("compiled", {}).get("rows", [])}
+    comp = {(r.get("n"), r["div"], r["call"]): r
+            for r in s.get("compiled", {}).get("rows", [])}
     if "rows" in thr:
         lines += ["## Band throughput (float32, delta 0.05, check=False)", "",
                   "ns per token; `copy/band` is a device-to-device copy's time over the band's. "
-                  + thr["eager_note"] + ".", "",
+                  + thr["eager_note"] + ". Graph: " + thr["graph_note"] + ".", "",
                   "| n | div | call | copy ns | eager ns (copy/band) | graph ns (copy/band) | "
                   "compiled ns (copy/band) |", "|---|---|---|---|---|---|---|"]
         for r in thr["rows"]:
@@ -892,7 +906,8 @@ def summary(report: dict) -> str:
             compiled = (f"{c['compiled_ns_per_token']:.3f} ({c['compiled_copy_over_band']:.3f})"
                         if "compiled_ns_per_token" in c else c.get("result", "-"))
             graph = (f"{r['graph_ns_per_token']:.3f} ({r['graph_copy_over_band']:.3f})"
-                     if "graph_ns_per_token" in r else "-")
+                     if "graph_ns_per_token" in r else
+                     "capture failed" if "graph_error" in r else "-")
             lines.append(f"| {r['n']} | {r['div']} | {r['call']} | "
                          f"{r['copy_ns_per_token']:.4f} | {r['eager_ns_per_token']:.3f} "
                          f"({r['eager_copy_over_band']:.3f}) | {graph} | {compiled} |")
