@@ -27,8 +27,8 @@ from __future__ import annotations
 import math
 import numbers
 
-__all__ = ["interval", "is_positive", "is_real", "number", "positive", "shown", "to_float",
-           "violation"]
+__all__ = ["interval", "is_positive", "is_real", "number", "positive", "reason", "shown",
+           "to_float", "violation"]
 
 #: the largest finite float64 (a number beyond it, an int or a Fraction, overflows it)
 FLOAT_MAX = 1.7976931348623157e308
@@ -54,6 +54,12 @@ def shown(value, limit: int = 80) -> str:
     except ValueError:  # a Fraction (or other number) of a huge int
         return f"a {type(value).__name__} too long to print"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def reason(err: BaseException, limit: int = 200) -> str:
+    """The first line of ``err``'s message (its type's name when it has none), at most
+    ``limit`` characters: what a one-line error quotes of the exception behind it."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:limit]
 
 
 def is_real(value) -> bool:

@@ -91,7 +91,7 @@ def save_atomic(obj: dict, path: Path) -> None:
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        reason = _checks.reason(err)
         raise OSError(f"checkpoint {str(path)!r} could not be written ({reason}); the previous "
                       "checkpoint is kept: make room (or fix the folder) and resume with "
                       "--resume") from err
@@ -257,7 +257,7 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # whatever the reason, the file is not a usable checkpoint
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        reason = _checks.reason(err)
         raise ConfigError(f"checkpoint {str(path)!r} cannot be read ({reason}); it is empty, "
                           "truncated, corrupt or not an fbands checkpoint: restore a good "
                           "copy, or start a new run in another run_dir") from err

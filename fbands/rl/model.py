@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from fbands import _cache
+from fbands import _cache, _checks
 from fbands.errors import ConfigError
 from fbands.rl.pretrained import default_cache_dir
 
@@ -160,7 +160,7 @@ def load_policy(cfg, task, log=print):
             tokenizer = AutoTokenizer.from_pretrained(folder)
             model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-            reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            reason = _checks.reason(err)
             raise ConfigError(f"model={cfg.model!r}: {str(folder)!r} does not load as a "
                               f"Hugging Face causal language model ({reason})") from err
         stop = model.generation_config.eos_token_id

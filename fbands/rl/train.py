@@ -51,6 +51,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fbands import _checks
 from fbands.losses import METRIC_KEYS, Band, agg_loss, policy_loss, precompute_band
 from fbands.rl.checkpoint import load_checkpoint, rng_state_problem
 from fbands.rl.checkpoint import rng_state as _rng_state
@@ -243,7 +244,7 @@ def _train(cfg: TrainConfig, resume: bool, stop_after: int | None, log,
             if schedule is not None and schedule.adaptive:
                 schedule.load_state_dict(saved["delta_schedule"])
         except (RuntimeError, ValueError, KeyError, TypeError) as err:
-            reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            reason = _checks.reason(err)
             raise ConfigError(f"checkpoint {str(ckpt_path)!r} does not fit this run's model "
                               f"and optimizer ({reason})") from err
         broken = rng_state_problem(saved["rng"])
