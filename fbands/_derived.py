@@ -38,7 +38,7 @@ from pathlib import Path
 import sympy as sp
 from sympy.codegen import cfunctions
 
-from fbands import _cache, _notice, symbolic
+from fbands import _cache, _notice, _stable, symbolic
 
 __all__ = ["derive", "intercept", "encode", "decode"]
 
@@ -56,6 +56,7 @@ _CLASSES = {
         sp.Max, sp.Min, sp.LambertW,
         cfunctions.expm1, cfunctions.log1p, cfunctions.exp2, cfunctions.log2,
         cfunctions.log10, cfunctions.Sqrt, cfunctions.Cbrt, cfunctions.hypot,
+        *_stable.CLASSES,
     )
 }
 _SYMBOLS = {
@@ -153,11 +154,12 @@ _CODE_HASH: list[str] = []
 
 
 def _code_hash() -> str:
-    """Hash of what decides a derivation: the source of :mod:`fbands.symbolic` (and of this
-    module's format) and sympy's version."""
+    """Hash of what decides a derivation: the source of :mod:`fbands.symbolic` and
+    :mod:`fbands._stable` (and of this module's format) and sympy's version."""
     if not _CODE_HASH:
         h = hashlib.sha256(f"{FORMAT} {sp.__version__}\n".encode())
-        h.update(Path(symbolic.__file__).read_bytes())
+        for module in (symbolic, _stable):
+            h.update(Path(module.__file__).read_bytes())
         _CODE_HASH.append(h.hexdigest())
     return _CODE_HASH[0]
 

@@ -35,6 +35,8 @@ import sympy as sp
 from sympy.codegen.cfunctions import expm1, log1p
 from sympy.printing.pycode import PythonCodePrinter
 
+from fbands import _stable
+
 U = sp.Symbol("u", positive=True)
 S = sp.Symbol("s", real=True)
 T = sp.Symbol("t", real=True)
@@ -314,7 +316,7 @@ def _tail(f: sp.Expr, point) -> tuple[float, float, int, float] | None:
 
 def derive(f: sp.Expr, *, closed_forms: bool = True) -> Derivation:
     """Derive the solver's ingredients from a generator ``f`` in the symbol :data:`U`."""
-    F = sp.simplify(sp.expand_log(f.subs(U, sp.exp(S)), force=True))
+    F = sp.simplify(sp.expand_log(_stable.recognise(f).subs(U, sp.exp(S)), force=True))
     F_far = _optimize(F)
     F_near = _optimize(_near_form(F))
     dF = sp.diff(F, S)
@@ -375,6 +377,11 @@ class _Printer(PythonCodePrinter):
     def _print_tanh(self, e):
         return self._call("tanh", e)
 
+    def _print_softplus(self, e):
+        return f"({self._print(_numeric_constants(e.stable()))})"
+
+    _print_sigmoid = _print_logcosh = _print_softplus
+
     def _print_sign(self, e):
         return self._call("sign", e)
 
@@ -425,7 +432,7 @@ def _numeric_constants(expr: sp.Expr) -> sp.Expr:
 #: rewritings of sympy stay in this set, and anything else is refused by
 #: :func:`compile_expr`, never printed as a name that a backend lacks.
 _PRINTED = (sp.exp, sp.log, expm1, log1p, sp.sinh, sp.cosh, sp.tanh, sp.sign, sp.Abs,
-            sp.Piecewise)
+            sp.Piecewise, *_stable.CLASSES)
 #: Hyperbolic functions sympy may write, as those of :data:`_PRINTED` (no overflow: the
 #: reciprocal of an infinite cosh or sinh is 0).
 _RECIPROCALS = {sp.coth: sp.tanh, sp.sech: sp.cosh, sp.csch: sp.sinh}
