@@ -135,8 +135,8 @@ def _as_array(value: Any, name: str) -> np.ndarray:
 
 def _radius(div: Divergence, eps: np.ndarray, p: np.ndarray, side: str) -> np.ndarray:
     """``g_f(p, 1 +- eps)`` in ``s = log r`` with the solver's kernels."""
+    from fbands._solver import NUMPY as xp
     from fbands._solver import Q_FLOOR, AtOne, BandFunction, Inputs
-    from fbands.backends.numpy_backend import xp
 
     lp = np.log(p)
     q = np.maximum(-np.expm1(lp), Q_FLOOR)

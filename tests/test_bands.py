@@ -11,10 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fbands
-from fbands import _solver
+from fbands import _refine, _solver
 from fbands._dispatch import PATHS, choose_path
 from fbands._inputs import NumpyInputs
-from fbands.backends import numpy_backend
 
 from . import _user as user
 from . import reference as ref
@@ -83,8 +82,8 @@ def test_closed_form_equals_generic_solver(div):
     x = NumpyInputs(p, delta, logp=False, invalid="raise", check=True)
     inputs = _solver.Inputs(x.lp, x.lq, x.p, x.q, x.delta)
     with np.errstate(all="ignore"):
-        closed = _solver.solve(d, numpy_backend.xp, inputs)
-        generic = _solver.solve(d, numpy_backend.xp, inputs, closed_forms=False)
+        closed = _solver.solve(d, _solver.NUMPY, inputs)
+        generic = _solver.solve(d, _solver.NUMPY, inputs, closed_forms=False)
     for c, n in zip(closed, generic, strict=True):
         c, n = np.exp(c), np.exp(n)
         np.testing.assert_allclose(c, n, rtol=1e-12, atol=1e-300)
@@ -172,16 +171,16 @@ def test_extended_precision_settles_the_refinements(div, monkeypatch):
         x = NumpyInputs(np.log(p) if logp else p, delta, logp=logp, invalid="raise", check=True)
         inputs = _solver.Inputs(x.lp, x.lq, x.p, x.q, x.delta)
         with np.errstate(all="ignore"):
-            s_lo, _ = _solver.solve(fbands.get(div), numpy_backend.xp, inputs)
-        suspect = numpy_backend.near_saturation(fbands.get(div), inputs, s_lo)
+            s_lo, _ = _solver.solve(fbands.get(div), _solver.NUMPY, inputs)
+        suspect = _refine.near_saturation(fbands.get(div), inputs, s_lo)
         assert suspect.sum() >= 20
-        got, left = numpy_backend._refine_extended(
+        got, left = _refine._refine_extended(
             fbands.get(div), inputs, s_lo, suspect, from_logp=logp,
-            above=numpy_backend.REFINE_ABOVE)
+            above=_refine.REFINE_ABOVE)
         assert left[even].sum() <= suspect[even].sum() // 10, (div, logp)
         with monkeypatch.context() as m:
-            m.setattr(numpy_backend, "_refine_extended", lambda d, x, s, sus, **k: (s, sus))
-            slow = numpy_backend.refine_near_saturation(fbands.get(div), inputs, s_lo,
+            m.setattr(_refine, "_refine_extended", lambda d, x, s, sus, **k: (s, sus))
+            slow = _refine.refine_near_saturation(fbands.get(div), inputs, s_lo,
                                                         from_logp=logp)
         done = suspect & ~left
         assert np.array_equal(np.isinf(got[done]), np.isinf(slow[done]))
@@ -196,7 +195,7 @@ def test_extended_precision_settles_the_refinements(div, monkeypatch):
 def test_extended_kernels_carry_their_constants_to_full_precision():
     """js's F holds log 2: in long double it must come to 30 digits, not as a float64."""
     div = fbands.get("js")
-    F = div.kernels(numpy_backend.xp_extended)[0]
+    F = div.kernels(_refine.xp_extended)[0]
     s = np.array([-30.0, -3.0, -0.5, 0.25, 4.0], dtype=np.longdouble)
     got = F(s)
     assert got.dtype == np.longdouble

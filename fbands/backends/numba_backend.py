@@ -32,8 +32,8 @@ from fbands import _solver
 from fbands._inputs import NumpyInputs, check_values, invalid_masks
 from fbands._jit import loader, threads
 from fbands._jit.prims import BLOCK, unfinished
+from fbands._refine import refine_near_saturation
 from fbands._solver import LP_CLOSED, Inputs
-from fbands.backends import numpy_backend
 from fbands.tables import kernels as table_kernels
 from fbands.tables.build import LAYOUTS, Table
 from fbands.tables.cache import TABLES
@@ -128,13 +128,13 @@ def _finish(div, p, d, x, idx, out_lo, out_hi, *, logp, invalid, check, log):
 def exact_log_edges(div, x: _solver.Inputs, refine: float, *, from_logp: bool):
     """Exact log-edges of prepared flat float64 inputs: the compiled scalar solver
     (:mod:`fbands._jit.scalar`), then the lower edges that float64 cannot resolve redone in
-    extended precision (:func:`fbands.backends.numpy_backend.refine_near_saturation`,
+    extended precision (:func:`fbands._refine.refine_near_saturation`,
     above the error ``refine``)."""
     lo, hi = np.empty_like(x.lp), np.empty_like(x.lp)
     with threads.sized(lo.size, "exact"):
         loader.kernels(div).solve_arrays(x.lp, x.lq, x.p, x.q, x.delta, lo, hi)
     with np.errstate(all="ignore"):
-        lo = numpy_backend.refine_near_saturation(div, x, lo, from_logp=from_logp, above=refine)
+        lo = refine_near_saturation(div, x, lo, from_logp=from_logp, above=refine)
     return lo, hi
 
 

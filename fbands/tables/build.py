@@ -25,8 +25,7 @@ import threading
 
 import numpy as np
 
-from fbands import _solver
-from fbands.backends import numpy_backend
+from fbands import _refine, _solver
 from fbands.tables import layout as L
 
 __all__ = ["LAYOUTS", "Table", "TableSet", "build_tables"]
@@ -36,17 +35,17 @@ __all__ = ["LAYOUTS", "Table", "TableSet", "build_tables"]
 #: error below ``tol``; log-edges ``s``: error below ``tol * max(|s|, 1e-6)``, and small
 #: enough that ``exp(s)`` keeps ``tol`` too).  ``refine``: the float64 error bound above
 #: which a lower edge next to saturation is redone in extended precision
-#: (:func:`fbands.backends.numpy_backend.refine_near_saturation`).  ``small_edge``: the
+#: (:func:`fbands._refine.refine_near_saturation`).  ``small_edge``: the
 #: closed-form pass leaves lower edges below it to the exact solver.  A root of the
 #: closed forms near r = 0 is off by about an ulp of their O(1) terms (~1e-16 absolute),
 #: so it is trusted where that is a small enough share of it: from 1e-3 for float64's
-#: 1e-12 bar (numpy's :data:`~fbands.backends.numpy_backend.SMALL_EDGE`) and, with the
+#: 1e-12 bar (numpy's :data:`~fbands._refine.SMALL_EDGE`) and, with the
 #: same margin, from 1e-6 for float32's 1e-9.  ``zero_below``: a
 #: lower ratio below it everywhere on a row is stored as 0 (float32: a quarter of the
 #: smallest subnormal, so that it and the edge round to the same 0).
 LAYOUTS = {
     "float64": {"kbits": L.KBITS["float64"], "tol": 1e-13,
-                "refine": numpy_backend.REFINE_ABOVE, "small_edge": numpy_backend.SMALL_EDGE,
+                "refine": _refine.REFINE_ABOVE, "small_edge": _refine.SMALL_EDGE,
                 "zero_below": 0.0},
     "float32": {"kbits": L.KBITS["float32"], "tol": 1e-10, "refine": 1e-9,
                 "small_edge": 1e-6, "zero_below": 2.0**-151},
@@ -89,7 +88,7 @@ def _solve_z(div, z: np.ndarray, high: np.ndarray, delta: float, refine: float):
         flat = [np.ascontiguousarray(a, dtype=np.float64).reshape(-1) for a in (lp, lq, p, q)]
         x = _solver.Inputs(*flat, np.full_like(flat[0], delta))
         lo, hi = _solver.solve(div, _solver.NUMPY, x)
-        suspect = numpy_backend.near_saturation(div, x, lo, refine)
+        suspect = _refine.near_saturation(div, x, lo, refine)
     return lo.reshape(z.shape), hi.reshape(z.shape), lp, suspect.reshape(z.shape)
 
 

@@ -35,7 +35,7 @@ _CODE: list[str] = []
 
 #: The code that builds tables: the layout, the fit and the array solver.
 _BUILDERS = ("build.py", "layout.py", "../_solver.py", "../_band_function.py",
-             "../backends/numpy_backend.py")
+             "../_refine.py")
 
 
 def _code_hash() -> str:

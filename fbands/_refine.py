@@ -1,0 +1,203 @@
+"""Lower edges that float64 cannot resolve, found and solved again in finer arithmetic.
+
+Where the radius is close to ``g(p, 0)`` (the radius at which the lower edge reaches 0), the
+lower edge is small and ill-conditioned: the float64 root of ``g = delta`` can be off by far
+more than its own size.  :func:`near_saturation` finds those elements from the float64 solve,
+and :func:`refine_near_saturation` redoes them in extended precision, then with mpmath.  Part
+of the numerics every array path shares (the numpy backend, the numba backend's
+exact path, the tables' builder), next to the solver (:mod:`fbands._solver`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fbands._solver import LP_TINY, NAMESPACE, BandFunction, Inputs, Namespace
+from fbands._solver import NUMPY as xp
+
+__all__ = ["CLOSE_TO_SATURATION", "REFINE_ABOVE", "SMALL_EDGE", "near_saturation",
+           "refine_near_saturation"]
+
+
+#: Lower edges below this, with the ball this close to reaching r = 0 (relative to delta),
+#: are candidates for refinement in extended precision ...
+SMALL_EDGE, CLOSE_TO_SATURATION = 1e-3, 1e-2
+#: ... and are refined when the float64 root's error bound exceeds this (relative).
+REFINE_ABOVE = 1e-14
+
+
+def near_saturation(div, x: Inputs, s_lo, above: float = REFINE_ABOVE):
+    """Mask of the lower edges that float64 cannot resolve (see :func:`refine_near_saturation`).
+
+    An edge found as a root of ``g(s) = delta`` in float64 is off by about
+    ``err(g) / |g'(s)|`` in ``s = log r``, i.e. relatively in ``r``, where ``err(g)`` is the
+    rounding of ``g``'s two terms (a few ulp each; 8 ulp are assumed).  Those whose bound
+    exceeds ``above`` are returned (float32 output needs far less than float64), and the
+    saturated ones whose ``g(0)`` is within rounding of ``delta``.
+    """
+    with np.errstate(all="ignore"):
+        fun = BandFunction(div, xp, x)
+        g0 = fun.at_zero()
+        suspect = (s_lo < np.log(SMALL_EDGE)) & (
+            np.abs(g0 - x.delta) <= CLOSE_TO_SATURATION * x.delta
+        )
+        suspect &= (x.lp > LP_TINY) & (x.lp < 0)
+        if not suspect.any():
+            return suspect
+        s = np.where(suspect & np.isfinite(s_lo), s_lo, -1.0)
+        bound = _root_error(fun, s)
+        # A saturated edge (r = 0) is in doubt only when g(0) is within rounding of delta.
+        tie = np.abs(g0 - x.delta) <= 32 * np.finfo(np.float64).eps * x.delta
+    return suspect & np.where(np.isfinite(s_lo), ~(bound <= above), tie)
+
+
+def _root_error(fun: BandFunction, s):
+    """Error bound of a root at ``s`` of ``g = delta`` found in the precision of ``s``'s
+    dtype: ``8 eps (|p F| + |q F_c|) / |g'(s)|`` (eight ulp of each term of g; relative in
+    r)."""
+    g_r, g_c, slope = fun.terms_and_slope(s)
+    eps = np.finfo(np.result_type(s)).eps
+    return 8 * eps * (np.abs(g_r) + np.abs(g_c)) / np.abs(slope)
+
+
+#: The extended type of the middle tier of refinement: 80-bit x87 on x86-64 Linux (eps 1e-19),
+#: IEEE quad on aarch64 Linux (in software, still far cheaper than mpmath); where it is plain
+#: float64 (Windows, macOS) the tier is skipped.
+EXTENDED = np.longdouble
+#: The kernels in :data:`EXTENDED`, with their constants (log 2, ...) to 30 digits.
+xp_extended = Namespace({**NAMESPACE, "from_decimal": EXTENDED})
+#: Newton steps in the extended type from the float64 root.  The tier can only succeed where
+#: its error bound, the float64 one times eps_ext / eps_64 (1/2048 for 80-bit), is below the
+#: threshold (1e-14 for float64 output), so the float64 root it starts from is good to
+#: 2e-11 (to 2e-6 for float32 output's 1e-9): by quadratic convergence one step takes it
+#: below 1e-20, and the second, as small as that error, shows that the root has settled.
+EXTENDED_STEPS = 2
+
+
+def _refine_extended(div, x: Inputs, s_lo, suspect, *, from_logp: bool, above: float):
+    """Newton steps in :data:`EXTENDED` precision, vectorised over the suspects, on the same
+    kernels as float64.  Returns the refined log-edges and the suspects still in doubt: the
+    saturation undecided within the extended rounding of g(0), a float64 edge that was
+    saturated but is not, no convergence, or an extended error bound still above ``above``."""
+    if np.finfo(EXTENDED).eps >= np.finfo(np.float64).eps / 8:
+        return s_lo, suspect
+    ld = EXTENDED
+    if from_logp:
+        lp = x.lp[suspect].astype(ld)
+        p, q = np.exp(lp), -np.expm1(lp)
+    else:
+        p = x.p[suspect].astype(ld)
+        q, lp = 1 - p, np.log(p)
+    # log1p(-p), not log(q): 1 - p of a small float64 p rounds in the extended type too
+    # (its bits reach below 2^-64), and log of it would be off by an ulp of 1, a relative
+    # eps / p in the other token's f(1 / q), far above the tie that decides saturation.
+    lq = np.log(q) if from_logp else np.log1p(-p)
+    xe = Inputs(lp, lq, p, q, x.delta[suspect].astype(ld))
+    fun = BandFunction(div, xp_extended, xe)
+    eps = np.finfo(ld).eps
+    g0_r, g0_c = fun.zero_terms()
+    g0 = g0_r + g0_c
+    tie = 8 * eps * (np.abs(g0_r) + np.abs(g0_c))
+    saturated = g0 - xe.delta < -tie
+    start = s_lo[suspect]
+    s = np.where(np.isfinite(start), start, -1.0).astype(ld)
+    step = np.zeros_like(s)
+    for _ in range(EXTENDED_STEPS):
+        g, slope = fun.value_and_slope(s)
+        step = (g - xe.delta) / slope
+        s = np.minimum(s - step, 0.0)
+    bound = _root_error(fun, s)
+    root = (g0 - xe.delta > tie) & np.isfinite(start) & (np.abs(step) <= above) & (bound <= above)
+    done = saturated | root
+    out = np.array(s_lo, dtype=np.float64, copy=True)
+    out[suspect] = np.where(saturated, -np.inf, np.where(root, s.astype(np.float64), start))
+    left = np.array(suspect, copy=True)  # (an array even for one element)
+    left[suspect] = ~done
+    return out, left
+
+
+def refine_near_saturation(
+    div, x: Inputs, s_lo, *, from_logp: bool, digits: int = 40, above: float = REFINE_ABOVE
+):
+    """Redo, in ``digits``-digit arithmetic, the lower edges that float64 cannot resolve.
+
+    Where ``delta`` is close to ``g(p, 0)`` (the radius at which the lower edge reaches 0) the
+    edge is small and ill-conditioned: a rounding of ``g`` by ``eps delta`` moves it by
+    ``eps delta / |g'(r)|``, far more than its own size allows.  Those few elements are found
+    in float64 (:func:`near_saturation`) and solved again: first all at once by Newton steps
+    in the platform's extended precision (:func:`_refine_extended`), which settles nearly
+    all of them; the rest with mpmath on ``g`` built from the same sympy generator: the
+    decision whether the edge is 0 at all, then secant steps from the float64 root
+    (bisection if they leave the bracket).  ``p`` is taken exactly as given: from ``p``
+    itself, or as ``exp(log p)`` for log-probability input.
+    """
+    suspect = near_saturation(div, x, s_lo, above)
+    if not suspect.any():
+        return s_lo
+    with np.errstate(all="ignore"):
+        s_lo, suspect = _refine_extended(div, x, s_lo, suspect, from_logp=from_logp,
+                                         above=above)
+    if not suspect.any():
+        return s_lo
+    import mpmath as mp
+
+    f = div.mpmath_f
+    s_lo = np.array(s_lo, dtype=np.float64, copy=True)
+    for i in np.argwhere(suspect):
+        i = tuple(i)
+        # 1 - p and c - 1 = p (1 - r) / q cancel about log10(1 / p) digits: add them, so that
+        # g's terms keep ``digits`` (the bits of a float64 p reach 2^-52 p).
+        extra = max(0, math.ceil(-float(x.lp[i]) / math.log(10))) + 5
+        with mp.workdps(digits + extra):
+            p = mp.exp(mp.mpf(float(x.lp[i]))) if from_logp else mp.mpf(float(x.p[i]))
+            delta = mp.mpf(float(x.delta[i]))
+            q = 1 - p
+            f0 = div.mpmath_f0()
+
+            def h(r, p=p, q=q, delta=delta, f0=f0):  # decreasing on [0, 1]
+                c = (1 - r * p) / q
+                return p * (f(r) if r > 0 else f0) + q * f(c) - delta
+
+            if h(mp.mpf(0)) <= delta * mp.mpf(10) ** (5 - digits):  # ties: saturated
+                s_lo[i] = -np.inf
+                continue
+            r = _secant_root(mp, h, float(np.exp(s_lo[i])), digits)
+            s_lo[i] = float(mp.log(r))
+    return s_lo
+
+
+def _secant_root(mp, h, guess: float, digits: int):
+    """The root of ``h`` (decreasing, ``h(0) > 0``) near ``guess``: a bracket grown from
+    ``guess (1 -+ 1e-6)``, then Illinois (safeguarded secant) steps."""
+    tol = mp.mpf(10) ** (6 - digits)
+    top = mp.mpf(SMALL_EDGE) * 10
+    while h(top) > 0:  # pragma: no cover - the float64 edge is below SMALL_EDGE
+        top = (top + 1) / 2
+    g = mp.mpf(guess) if 0 < guess < top else top / 2
+    a, b = g * (1 - mp.mpf(10) ** -6), min(g * (1 + mp.mpf(10) ** -6), top)
+    ha, hb = h(a), h(b)
+    while ha <= 0:  # h(0) > 0: the root lies below a
+        a, b, hb = a / 10, a, ha
+        ha = h(a)
+    while hb > 0:
+        a, ha, b = b, hb, min(b * 10, top)
+        hb = h(b)
+    side = 0
+    for _ in range(200):
+        c = b - hb * (b - a) / (hb - ha)
+        if not a < c < b:
+            c = (a + b) / 2
+        hc = h(c)
+        if hc > 0:
+            a, ha = c, hc
+            hb = hb / 2 if side == 1 else hb  # Illinois: halve the stale end
+            side = 1
+        else:
+            b, hb = c, hc
+            ha = ha / 2 if side == -1 else ha
+            side = -1
+        if hc == 0 or b - a <= tol * b:
+            return c
+    return (a + b) / 2  # pragma: no cover - converges well within the limit
