@@ -472,11 +472,11 @@ class Namespace:
 NUMPY = Namespace(NAMESPACE)
 
 
-def lower_limit_at_one(div: Divergence, delta: float) -> float:
-    """``lim_{p -> 1}`` of the lower edge (see :meth:`fbands.Divergence.lower_limit_at_one`),
-    by the array solver on numpy at ``p = 1``."""
+def lower_limit_at_one(div: Divergence, delta: float, *, log: bool = False) -> float:
+    """``lim_{p -> 1}`` of the lower edge (see :meth:`fbands.Divergence.lower_limit_at_one`;
+    ``log``: its log), by the array solver on numpy at ``p = 1``."""
     x = Inputs(np.zeros(1), np.full(1, math.log(Q_FLOOR)), np.ones(1), np.full(1, Q_FLOOR),
                np.full(1, float(delta)))
     with np.errstate(all="ignore"):
         s_lo, _ = solve(div, NUMPY, x)
-    return float(np.exp(s_lo[0]))
+    return float(s_lo[0]) if log else float(np.exp(s_lo[0]))

@@ -54,10 +54,10 @@ from collections.abc import Callable
 import numpy as np
 import sympy
 
-from fbands import _checks
+from fbands import _checks, symbolic
 from fbands._inputs import NumpyInputs
 from fbands._optional import require
-from fbands.divergences import Divergence, get
+from fbands.divergences import BUILTIN_FAMILIES, BUILTIN_GENERATORS, Divergence, get
 from fbands.errors import BandError, DivergenceError, SolverError
 
 #: Relative tolerance of the checks on each solution (see the module docstring).
@@ -104,20 +104,6 @@ _EXPRESSIONS: dict[str, Callable] = {
 }
 
 
-_U = sympy.Symbol("u", positive=True)
-
-#: The generator each DCP expression above is written for (THEORY's conventions).  A
-#: divergence gets an expression when its ``f`` equals one of these, whatever its name, so
-#: that a re-registered name can never select another divergence's program.
-_GENERATORS = {
-    "kl": _U - 1 - sympy.log(_U),
-    "reverse_kl": _U * sympy.log(_U) - _U + 1,
-    "tv": sympy.Abs(_U - 1) / 2,
-    "chi2": (_U - 1) ** 2,
-    "neyman_chi2": (_U - 1) ** 2 / _U,
-    "hellinger": (sympy.sqrt(_U) - 1) ** 2,
-    "js": (_U * sympy.log(_U) - (1 + _U) * sympy.log((1 + _U) / 2)) / 2,
-}
 
 
 def _same(f: sympy.Expr, g: sympy.Expr) -> bool:
@@ -125,15 +111,20 @@ def _same(f: sympy.Expr, g: sympy.Expr) -> bool:
 
 
 def expression(div: Divergence) -> Callable:
-    """The DCP builder for a divergence, chosen by its generator ``f`` (not its name), or a
-    :class:`DivergenceError` naming those known."""
-    f = div.f.xreplace({s: _U for s in div.f.free_symbols if s.name == "u"})
-    for name, g in _GENERATORS.items():
-        if _same(f, g):
-            return _EXPRESSIONS[name]
+    """The DCP builder for a divergence, chosen by its generator ``f`` (the built-in
+    generator each expression above is written for: :data:`fbands.divergences.BUILTIN_GENERATORS`,
+    never the name, so that a re-registered name can never select another divergence's
+    program), or a :class:`DivergenceError` naming those known."""
+    u = symbolic.U
+    f = div.f.xreplace({s: u for s in div.f.free_symbols if s.name == "u"})
+    for name, build in _EXPRESSIONS.items():
+        if _same(f, BUILTIN_GENERATORS[name][0]):
+            return build
     a = div.params.get("a")
     if a is not None and a not in (0, 1):
-        if _same(f, (_U**a - 1 - a * (_U - 1)) / (a * (a - 1))):
+        family, (param,), _ = BUILTIN_FAMILIES["alpha"]
+        alpha = family.xreplace({s: a for s in family.free_symbols if s.name == param})
+        if _same(f, alpha):
             return _alpha(float(a))
     raise DivergenceError(
         f"the cvxpy reference has no DCP form for {div.name!r} (f = {div.f}); it knows the "

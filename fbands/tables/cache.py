@@ -13,8 +13,6 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-import numpy as np
-
 from fbands import _notice, _solver
 from fbands._jit import codegen
 from fbands.tables import layout, store
@@ -115,11 +113,7 @@ class TableCache:
             derived = self._derived.get(key)
             if derived is not None and ("at_one", log) in derived:
                 return derived[("at_one", log)]
-        one = _solver.Inputs(np.zeros(1), np.full(1, np.log(_solver.Q_FLOOR)), np.ones(1),
-                             np.full(1, _solver.Q_FLOOR), np.full(1, float(delta)))
-        with np.errstate(all="ignore"):
-            s_lo, _ = _solver.solve(div, _solver.NUMPY, one)
-        value = float(s_lo[0]) if log else float(np.exp(s_lo[0]))
+        value = _solver.lower_limit_at_one(div, delta, log=log)
         self.table_set(div, delta, layout_name)  # (the set the value is kept with)
         with self._lock:
             self._derived.setdefault(key, {})[("at_one", log)] = value
