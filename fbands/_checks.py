@@ -8,7 +8,8 @@ the error, its own subclass of :class:`fbands.errors.FBandsError`
 :class:`~fbands.errors.LossError`, configs and plug-ins a
 :class:`~fbands.errors.ConfigError`, the registry a
 :class:`~fbands.errors.DivergenceError`).  Arrays are judged element by element instead,
-by :func:`fbands._inputs.invalid_masks`, which names the first bad element and its index.
+by :func:`fbands._inputs.invalid_masks`, and the first bad one is named with its index by
+:func:`first_bad`.
 
 >>> positive("delta", 0.05, ValueError)
 0.05
@@ -27,8 +28,8 @@ from __future__ import annotations
 import math
 import numbers
 
-__all__ = ["interval", "is_positive", "is_real", "number", "positive", "reason", "shown",
-           "to_float", "violation"]
+__all__ = ["first_bad", "interval", "is_positive", "is_real", "number", "positive", "reason",
+           "shown", "to_float", "violation"]
 
 #: the largest finite float64 (a number beyond it, an int or a Fraction, overflows it)
 FLOAT_MAX = 1.7976931348623157e308
@@ -60,6 +61,20 @@ def reason(err: BaseException, limit: int = 200) -> str:
     """The first line of ``err``'s message (its type's name when it has none), at most
     ``limit`` characters: what a one-line error quotes of the exception behind it."""
     return (str(err).strip().splitlines() or [type(err).__name__])[0][:limit]
+
+
+def first_bad(error: type[Exception], rule: str, value, index: tuple[int, ...],
+              count: int) -> Exception:
+    """The error that names the first bad element of an array, worded the same for the bands
+    and the losses: ``rule; got value at index (i, j) (k invalid elements)``, without the
+    index for a scalar (``index == ()``) and without the count for one element.
+
+    >>> first_bad(ValueError, "p must lie in [0, 1]", 2.0, (0, 3), 5)
+    ValueError('p must lie in [0, 1]; got 2.0 at index (0, 3) (5 invalid elements)')
+    """
+    where = f" at index {index}" if index else ""
+    more = f" ({count} invalid elements)" if count > 1 else ""
+    return error(f"{rule}; got {value!r}{where}{more}")
 
 
 def is_real(value) -> bool:

@@ -134,13 +134,10 @@ def raise_first(mask: np.ndarray, values: np.ndarray, name: str, domain: str) ->
     if mask.any():
         scalar = np.ndim(values) == 0
         idx = np.unravel_index(int(np.argmax(mask)), mask.shape) if mask.ndim else ()
-        values = np.broadcast_to(values, mask.shape)
-        where = f" at index {tuple(int(i) for i in idx)}" if mask.ndim and not scalar else ""
-        count = 1 if scalar else int(mask.sum())
-        raise BandError(
-            f"{name} must lie in {domain}; got {float(values[idx])!r}{where}"
-            + (f" ({count} invalid elements)" if count > 1 else "")
-        )
+        value = float(np.broadcast_to(values, mask.shape)[idx])
+        index = () if scalar else tuple(int(i) for i in idx)
+        raise _checks.first_bad(BandError, f"{name} must lie in {domain}", value, index,
+                                1 if scalar else int(mask.sum()))
 
 
 def band_inputs(xp, x, d, *, logp: bool, q_floor: float = Q_FLOOR) -> Inputs:

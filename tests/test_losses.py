@@ -739,7 +739,7 @@ def test_positive_log_probabilities_are_rejected():
     # the current policy's log-probabilities too, also when a band is given
     logp_old = torch.log(torch.tensor([[0.5, 0.2]]))
     band = precompute_band(logp_old, LossConfig(method="clip"))
-    with pytest.raises(LossError, match=r"logp must hold.*2\.3 at index \(0, 0\) \(2 el"):
+    with pytest.raises(LossError, match=r"logp must hold.*2\.3 at index \(0, 0\) \(2 invalid el"):
         policy_loss(logp_old, nll, torch.ones(1), torch.ones(1, 2), LossConfig(method="clip"),
                     band)
     # masked positions may hold anything; rounding up to LOGP_TOLERANCE counts as p = 1

@@ -69,14 +69,11 @@ def _validate(checks: list[_Check]) -> None:
     for bad, values, rule in checks:
         if not bool(bad.any()):
             continue
-        count = int(bad.sum())
         index = tuple(int(i) for i in torch.nonzero(bad)[0])
         value = values[index].item() if values.dim() else values.item()
         if values.is_floating_point() and values.dtype != torch.float64:
             value = float(f"{value:.8g}")  # 2.3, not float32's 2.299999952316284
-        where = f" at index {index}" if index else ""
-        more = f" ({count} elements)" if count > 1 else ""
-        raise LossError(f"{rule}; got {value!r}{where}{more}")
+        raise _checks.first_bad(LossError, rule, value, index, int(bad.sum()))
 
 
 def _any_bad(checks: list[_Check]) -> Tensor | None:
