@@ -18,6 +18,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("tqdm")
 
 from fbands.cli import main as fbands_main  # noqa: E402
+from fbands.rl import checkpoint  # noqa: E402
 from fbands.rl import evaluate as rl_evaluate  # noqa: E402
 from fbands.rl import train as rl_train  # noqa: E402
 from fbands.rl.checkpoint import sealed  # noqa: E402
@@ -218,7 +219,7 @@ def test_mechanism_metrics_count_every_token_and_sum_the_kl(tmp_path, monkeypatc
         def label(self, prompt):
             return "early" if prompt.text[0] < "e" else "late"
 
-    monkeypatch.setattr(rl_train, "make_task", lambda c: Labelled(c.tail_share, c.tail_length))
+    monkeypatch.setattr("fbands.rl._run.make_task", lambda c: Labelled(c.tail_share, c.tail_length))
     rl_train.train(cfg, log=quiet)
     _, rows = load_run(cfg.run_dir)
     from fbands.rl.diagnostics import P_OLD_BINS
@@ -526,10 +527,10 @@ def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path):
     np.random.seed(2)  # noqa: NPY002
     torch.manual_seed(3)
     np.random.standard_normal(1)  # noqa: NPY002  (leaves a cached Gaussian in the state)
-    torch.save({"rng": rl_train._rng_state(torch.device("cpu"))}, tmp_path / "s.pt")
+    torch.save({"rng": checkpoint.rng_state(torch.device("cpu"))}, tmp_path / "s.pt")
     want = (random.random(), np.random.standard_normal(), torch.rand(1).item())  # noqa: NPY002
     state = torch.load(tmp_path / "s.pt", weights_only=True)["rng"]
-    rl_train._set_rng_state(state, torch.device("cpu"))
+    checkpoint.set_rng_state(state, torch.device("cpu"))
     assert (random.random(), np.random.standard_normal(), torch.rand(1).item()) == want  # noqa: NPY002
 
 
@@ -538,7 +539,7 @@ def test_checkpoint_that_runs_code_is_refused(tmp_path, capsys):
     cfg = prepared_run(tmp_path, checkpoint_like(small(tmp_path), model=RunsCode(marker)))
     with pytest.raises(ConfigError, match="checkpoint .* cannot be read"):
         rl_train.train(cfg, resume=True, log=quiet)
-    assert rl_train._saved_step(Path(cfg.run_dir, "checkpoint.pt")) is None  # the NaN path
+    assert checkpoint.saved_step(Path(cfg.run_dir, "checkpoint.pt")) is None  # the NaN path
     assert fbands_main(["train", "--resume", "--run-dir", cfg.run_dir]) == 2
     assert capsys.readouterr().err.startswith("fbands: error: checkpoint")
     assert not marker.exists()

@@ -280,14 +280,15 @@ def test_trainer_builds_the_soft_loss(tmp_path, monkeypatch):
     from fbands.losses import preset
     from fbands.rl import train as rl_train
     from fbands.rl.config import TrainConfig
+    from fbands.rl.tasks import make_task
 
     cfg = TrainConfig(run_dir=str(tmp_path / "run"), cache_dir=str(tmp_path / "cache"),
                       steps=1, prompts_per_step=4, group_size=4, ppo_epochs=2, minibatches=2,
                       warm_start_steps=5, tiny_d_model=32, eval_every=0, progress=False,
                       delta=1e-3, lr=1e-2, soft="tanh2", soft_k=2.0)
-    task = rl_train.make_task(cfg)  # a reward that differs within groups: some A != 0
+    task = make_task(cfg)  # a reward that differs within groups: some A != 0
     monkeypatch.setattr(task, "reward", lambda _p, text: float(sum(map(ord, text)) % 2))
-    monkeypatch.setattr(rl_train, "make_task", lambda _cfg: task)
+    monkeypatch.setattr("fbands.rl._run.make_task", lambda _cfg: task)
     calls = _record(monkeypatch, rl_train)
     messages = []
     rl_train.train(cfg, log=messages.append)
