@@ -12,8 +12,9 @@ any text.  A file is used only when
 
 * it sits in a private directory (:func:`fbands._cache.private_dir`: owned by this user,
   mode 0700),
-* its name and its ``key`` are the hash of ``f``, of :mod:`fbands.symbolic`'s source and of
-  sympy's version (a change to either is a different key),
+* its name and its ``key`` are the hash of ``f``, of the code of :mod:`fbands.symbolic` and
+  :mod:`fbands._stable` (comments and docstrings aside: :mod:`fbands._fingerprint`) and of
+  sympy's version (a change to any is a different key; a reworded comment is not),
 * the hash of its payload matches the one it records, and
 * the ``f`` it rebuilds equals the requested ``f``.
 
@@ -39,6 +40,7 @@ import sympy as sp
 from sympy.codegen import cfunctions
 
 from fbands import _cache, _notice, _stable, symbolic
+from fbands._fingerprint import code_fingerprint
 
 __all__ = ["derive", "intercept", "encode", "decode"]
 
@@ -154,13 +156,13 @@ _CODE_HASH: list[str] = []
 
 
 def _code_hash() -> str:
-    """Hash of what decides a derivation: the source of :mod:`fbands.symbolic` and
-    :mod:`fbands._stable` (and of this module's format) and sympy's version."""
+    """Hash of what decides a derivation: the code of :mod:`fbands.symbolic` and
+    :mod:`fbands._stable` (their comments and docstrings aside:
+    :func:`fbands._fingerprint.code_fingerprint`), this module's format and sympy's
+    version."""
     if not _CODE_HASH:
-        h = hashlib.sha256(f"{FORMAT} {sp.__version__}\n".encode())
-        for module in (symbolic, _stable):
-            h.update(Path(module.__file__).read_bytes())
-        _CODE_HASH.append(h.hexdigest())
+        _CODE_HASH.append(code_fingerprint((Path(symbolic.__file__), Path(_stable.__file__)),
+                                           str(FORMAT), sp.__version__))
     return _CODE_HASH[0]
 
 
@@ -262,7 +264,7 @@ def intercept(f: sp.Expr, *, name: str | None = None) -> sp.Expr | None:
     expression tree under its own key, which hashes the derivation's key and this module,
     where :func:`tangent_intercept` lives; a file that does not decode is derived again)."""
     if not _OWN_HASH:
-        _OWN_HASH.append(hashlib.sha256(Path(__file__).read_bytes()).hexdigest())
+        _OWN_HASH.append(code_fingerprint((Path(__file__),)))
     k = hashlib.sha256(f"{key(f)}\nintercept\n{_OWN_HASH[0]}".encode()).hexdigest()
     store = _cache.private_dir("derived")
     path = None if store is None else store / f"{k}.json"

@@ -3,9 +3,9 @@
 A fresh install then answers a built-in divergence's first call without sympy's
 derivation (seconds): :func:`fbands._derived.derive` reads these files when the user's
 cache misses.  Each file is what the user's cache would hold (fbands/_derived.py: verified
-JSON, no pickle), named by its key; the key hashes fbands/symbolic.py, fbands/_stable.py and
-sympy's version, so after a change to any of them, run this again (``tests/test_shipped.py``
-fails until then)::
+JSON, no pickle), named by its key; the key hashes the code of fbands/symbolic.py and
+fbands/_stable.py (not their comments or docstrings) and sympy's version, so after a change
+to any of them, run this again (``tests/test_shipped.py`` fails until then)::
 
     python scripts/ship_derivations.py          # rewrite fbands/_shipped/derived/
     python scripts/ship_derivations.py --check  # exit 1 when the files are not current

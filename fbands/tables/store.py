@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from fbands import _cache
+from fbands._fingerprint import code_fingerprint
 from fbands.tables import layout
 
 __all__ = ["load", "store", "key"]
@@ -39,12 +40,10 @@ _BUILDERS = ("build.py", "layout.py", "../_solver.py", "../_band_function.py",
 
 
 def _code_hash() -> str:
+    """The code of :data:`_BUILDERS` (comments and docstrings aside) and numpy's version."""
     if not _CODE:
-        h = hashlib.sha256(f"{np.__version__}\n".encode())
         here = Path(__file__).resolve().parent
-        for name in _BUILDERS:
-            h.update((here / name).read_bytes())
-        _CODE.append(h.hexdigest())
+        _CODE.append(code_fingerprint((here / name for name in _BUILDERS), np.__version__))
     return _CODE[0]
 
 
