@@ -166,12 +166,6 @@ def _numba_path(div, p, delta, *, logp: bool, log: bool) -> str:
     return TABLE if d >= TABLE_DELTA_MIN else EXACT
 
 
-def choose_path(backend: str, div: Divergence, p: Any, delta: Any, *, logp: bool, log: bool,
-                path: str | None = None) -> str:
-    """The path of :func:`plan` alone."""
-    return plan(div, p, delta, backend=backend, logp=logp, log=log, path=path).path
-
-
 def compute(method: str, div: str | Divergence, p: Any, delta: Any, backend: str = "auto", *,
             logp: bool = False, invalid: str = "raise", check: bool = True,
             path: str | None = None, capacity: int | None = None,

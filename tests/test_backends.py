@@ -71,7 +71,7 @@ LOOSE = {"alpha(a=0.5)": 2e-11, "alpha(a=-1)": 2e-11}
 @pytest.fixture(params=["torch", "numba"])
 def cpu_kernel(request):
     """CPU tensors forced onto the device paths of the torch backend ("torch": what CUDA
-    runs), or on the automatic path (handed to numba); see fbands.bands.choose_path."""
+    runs), or on the automatic path (handed to numba); see fbands._dispatch.plan."""
     return request.param
 
 

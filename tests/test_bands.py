@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import fbands
 from fbands import _refine, _solver
-from fbands._dispatch import PATHS, choose_path
+from fbands._dispatch import PATHS, plan
 from fbands._inputs import NumpyInputs
 
 from . import _user as user
@@ -338,6 +338,12 @@ def test_unknown_names_list_the_alternatives():
 
 
 # ----------------------------------------------------------------------------- choose_path
+
+
+def choose_path(backend, div, p, delta, *, logp, log, path=None):
+    """The path that :func:`fbands._dispatch.plan` chooses."""
+    return plan(div, p, delta, backend=backend, logp=logp, log=log, path=path).path
+
 
 F64 = np.linspace(0.1, 0.9, 5)
 

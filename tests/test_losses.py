@@ -263,7 +263,7 @@ def test_hand_gradients_band_mask():
 @pytest.mark.parametrize("method", ["clip", "clip_higher", "dual_clip", "dcpo", "trgppo",
                                     "band_clip"])
 def test_gradcheck(method, monkeypatch):
-    monkeypatch.setattr(fbands, "log_bounds", fake_log_bounds([]), raising=False)
+    monkeypatch.setattr(loss_band, "log_bounds", fake_log_bounds([]), raising=False)
     logp_old = torch.log(torch.tensor([[0.3, 0.05, 0.6, 0.02], [0.5, 0.2, 0.01, 0.9]], dtype=F64))
     # Ratios kept away from every kink (0.8, 1.2, 1.28, 1 +- delta/p, DCPO edges, C, c).
     ratio = torch.tensor([[1.1, 1.9, 0.7, 3.2], [0.85, 1.45, 0.5, 1.03]], dtype=F64)
@@ -371,7 +371,7 @@ def test_dcpo_loss_matches_textbook():
 
 def test_band_assembly_with_stand_in_solver(monkeypatch):
     calls = []
-    monkeypatch.setattr(fbands, "log_bounds", fake_log_bounds(calls), raising=False)
+    monkeypatch.setattr(loss_band, "log_bounds", fake_log_bounds(calls), raising=False)
     logp_old = torch.log(torch.tensor([[0.9, 0.3, 0.05, 1e-3]]))
     raw = tv_band(logp_old, 0.05)
     band = precompute_band(logp_old, LossConfig(method="band_clip", div="tv", delta=0.05))
@@ -499,7 +499,7 @@ def forbid_host_sync(monkeypatch):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_every_method_returns_metrics_without_host_sync(method, monkeypatch):
-    monkeypatch.setattr(fbands, "log_bounds", fake_log_bounds([]), raising=False)
+    monkeypatch.setattr(loss_band, "log_bounds", fake_log_bounds([]), raising=False)
     logp_old, logp, adv, mask = random_batch(9, dtype=torch.float32)
     logp = logp.requires_grad_()
     cfg = LossConfig(method=method, div="tv")
@@ -551,7 +551,7 @@ def check_finite(logp_old, logp, adv, mask, cfg, band=None):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("method", METHODS)
 def test_tiny_p_low_precision_with_closed_form_band(method, dtype, monkeypatch):
-    monkeypatch.setattr(fbands, "log_bounds", fake_log_bounds([]), raising=False)
+    monkeypatch.setattr(loss_band, "log_bounds", fake_log_bounds([]), raising=False)
     logp_old, logp, adv, mask = tiny_p_batch(dtype)
     cfg = LossConfig(method=method, div="tv", delta=0.05)
     loss, grad = check_finite(logp_old, logp, adv, mask, cfg)
@@ -581,7 +581,7 @@ def test_ratio_cap_keeps_absurd_inputs_finite():
 
 
 def test_garbage_at_masked_positions_is_ignored(monkeypatch):
-    monkeypatch.setattr(fbands, "log_bounds", fake_log_bounds([]), raising=False)
+    monkeypatch.setattr(loss_band, "log_bounds", fake_log_bounds([]), raising=False)
     logp_old, logp, adv, mask = random_batch(10)
     dirty_old = torch.where(mask > 0, logp_old, torch.full_like(logp_old, -math.inf))
     dirty_new = torch.where(mask > 0, logp, torch.full_like(logp, float("nan"))).requires_grad_()
@@ -672,7 +672,7 @@ def test_precompute_band_solves_only_the_tokens_of_the_mask(monkeypatch, dtype):
         sizes.append(x.numel() if hasattr(x, "numel") else np.size(x))
         return real(x, *args, **kwargs)
 
-    monkeypatch.setattr(fbands, "log_bounds", spy)
+    monkeypatch.setattr(loss_band, "log_bounds", spy)
     band = precompute_band(logp_old, cfg, mask=mask.to(dtype))
     assert sizes == [int(mask.sum()) + 1]  # the tokens, and one stand-in for the padding
     assert band.log_lower.dtype == dtype and band.log_lower.shape == logp_old.shape
@@ -850,7 +850,7 @@ def test_agg_integer_values_are_averaged_in_float32():
 @pytest.mark.parametrize("shape", [(0, 5), (3, 0)])
 @pytest.mark.parametrize("method", METHODS)
 def test_empty_batch_gives_zero_loss_with_gradient(shape, method, monkeypatch):
-    monkeypatch.setattr(fbands, "log_bounds", fake_log_bounds([]), raising=False)
+    monkeypatch.setattr(loss_band, "log_bounds", fake_log_bounds([]), raising=False)
     logp_old = torch.full(shape, -1.0)
     logp = torch.full(shape, -0.9, requires_grad=True)
     for agg in AGG_MODES:

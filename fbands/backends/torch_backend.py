@@ -301,7 +301,8 @@ def _fix_up_on_host(div, x, lo, hi, more, d: float, *, logp, log, dtype):
     each way, where the device's fixed-count solver costs thousands of kernel launches)."""
     idx = torch.nonzero(more).reshape(-1)
     sub = x[idx].cpu().numpy()  # float64: p's values exactly
-    # float32 p: its own layout's tables; others in float64, rounded once
+    # float32 p as a float32 array: the numpy backend's answer for that array (its dtype
+    # decides the output's rounding); other dtypes in float64, rounded once afterwards
     work = sub.astype(np.float32) if dtype == torch.float32 else sub
     s_lo, s_hi = numpy_backend.exact(div, work, d, logp=logp, invalid="nan", check=False,
                                      log=log)

@@ -16,7 +16,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fbands._inputs import work_dtype
+from fbands._inputs import FILL_LOGP, work_dtype
+from fbands.bands import log_bounds
 from fbands.errors import LossError
 from fbands.losses.checks import (
     _as_tensor,
@@ -27,9 +28,6 @@ from fbands.losses.checks import (
     _validate,
 )
 from fbands.losses.config import LossConfig
-
-# Stand-in old log-probability at masked-out positions (padding may hold -inf or garbage).
-_PAD_LOGP = math.log(0.5)
 
 
 class Band(NamedTuple):
@@ -173,14 +171,14 @@ def precompute_band(
                     f"mask has shape {tuple(mask.shape)}, expected logp_old's {tuple(x.shape)}"
                 )
             valid = mask != 0
-            x = torch.where(valid, x, torch.full_like(x, _PAD_LOGP))
+            x = torch.where(valid, x, torch.full_like(x, FILL_LOGP))
         checks = _logp_checks("logp_old", x, valid, nan=True)
         bad = None
         if check:
             _validate(checks)
         else:  # bad tokens get nan edges; the solver sees a harmless stand-in
             bad = checks[0][0] | checks[1][0]
-            x = torch.where(bad, torch.full_like(x, _PAD_LOGP), x)
+            x = torch.where(bad, torch.full_like(x, FILL_LOGP), x)
         x = x.clamp(max=0.0)  # a log-softmax may round a near-certain token to +1e-7
         fixed_lo, fixed_hi = _fixed_log_edges(cfg)
         if cfg.uses_radius:
@@ -209,7 +207,7 @@ def _on_host(x: Tensor) -> bool:
 
 def _divergence_band(x: Tensor, valid: Tensor | None, cfg: LossConfig) -> tuple[Tensor, Tensor]:
     """:func:`fbands.log_bounds` of the valid log-probabilities ``x`` (padding already
-    replaced by :data:`_PAD_LOGP`).
+    replaced by :data:`fbands._inputs.FILL_LOGP`).
 
     On the CPU only the tokens of the mask are solved (trainers hand over padded
     ``(batch, length)`` tensors, often several times more padding than tokens); padding
@@ -217,16 +215,14 @@ def _divergence_band(x: Tensor, valid: Tensor | None, cfg: LossConfig) -> tuple[
     tensor goes through: picking the tokens would cost a host synchronisation (their
     count), more than the device table pass spends on the padding.
     """
-    import fbands  # at call time: the package's __init__ may import this module
-
     # x is valid now (checked, or bad tokens replaced): no second check, no sync.
     if valid is None or not _on_host(x):
-        return fbands.log_bounds(x, cfg.delta, cfg.div, logp=True, check=False)
+        return log_bounds(x, cfg.delta, cfg.div, logp=True, check=False)
     flat = x.reshape(-1).numpy()  # (numpy's indexing is several times faster than torch's)
     idx = np.flatnonzero(valid.reshape(-1).numpy())
-    kept = np.concatenate((flat[idx], np.array([_PAD_LOGP], flat.dtype)))  # (tokens + 1,)
-    lo, hi = (e.numpy() for e in fbands.log_bounds(torch.from_numpy(kept), cfg.delta, cfg.div,
-                                                   logp=True, check=False))
+    kept = np.concatenate((flat[idx], np.array([FILL_LOGP], flat.dtype)))  # (tokens + 1,)
+    lo, hi = (e.numpy() for e in log_bounds(torch.from_numpy(kept), cfg.delta, cfg.div,
+                                            logp=True, check=False))
     out_lo, out_hi = np.full_like(flat, lo[-1]), np.full_like(flat, hi[-1])
     out_lo[idx], out_hi[idx] = lo[:-1], hi[:-1]
     log_lo, log_hi = torch.from_numpy(out_lo).view(x.shape), torch.from_numpy(out_hi).view(x.shape)

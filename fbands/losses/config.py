@@ -19,6 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from fbands import _checks, _presets
+from fbands.divergences import get
 from fbands.errors import LossError
 
 METHODS = (
@@ -208,11 +209,9 @@ class LossConfig:
         if not isinstance(self.div, str) or not self.div:
             raise LossError(f"div must be a divergence name, got {self.div!r}")
         if self.uses_radius:
-            import fbands  # at call time: the package's __init__ may import this module
-
             # An unknown or malformed divergence fails here, not at the first batch.  The
             # string is parsed by fbands.get, never evaluated as code.
-            fbands.get(self.div)
+            get(self.div)
         _check_number("delta", self.delta, low=0.0, low_open=True)
         _check_number("eps_low", self.eps_low, low=0.0, high=1.0)
         _check_number("eps_high", self.eps_high, low=0.0)

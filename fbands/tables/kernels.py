@@ -43,7 +43,7 @@ def prepare_z(x, logp, closed):
     ``z = min(p, 1 - p)`` (exact on both sides; from one polynomial for log input,
     :func:`fbands._jit.vmath.p_and_z`), whether ``z`` is ``1 - p``, and whether ``x`` lies
     in ``[closed, 1]`` (``[closed, 0]``), the domain of the tables (nan fails).  Outside it
-    the element reads :data:`.layout.FILL_P` instead: the scalar twin of
+    the element reads :data:`.layout.OUTSIDE_P` instead: the scalar twin of
     :func:`.layout.prepare_z_array`.
 
     The two flags are floats, 1.0 or 0.0: inlined into a pass, a tuple holding bools
@@ -52,12 +52,12 @@ def prepare_z(x, logp, closed):
     v = np.float64(x)
     if logp:
         valid = (v >= closed) & (v <= 0.0)
-        lp = v if valid else L.FILL_LOGP
+        lp = v if valid else L.OUTSIDE_LOGP
         p, z = p_and_z(lp)
         high = lp > -LN2
     else:
         valid = (v >= closed) & (v <= 1.0)
-        p = v if valid else L.FILL_P
+        p = v if valid else L.OUTSIDE_P
         high = p > 0.5
         z = 1.0 - p if high else p
     return p, z, np.float64(high), np.float64(valid)

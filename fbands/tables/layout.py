@@ -122,15 +122,6 @@ def cell_z(kbits: int, binade, index, frac):
     return np.ldexp(1.0 + (index + frac) / (1 << kbits), -(binade + 1))
 
 
-def side_cells(kbits: int, nb: int, frac) -> np.ndarray:
-    """z at ``frac`` (shape (points,) or (cells, points)) of every cell of ``nb`` binades,
-    in table order: cell ``b * 2^kbits + j`` is cell ``j`` of binade ``b``."""
-    cells = 1 << kbits
-    b = np.repeat(np.arange(nb), cells)[:, None]
-    j = np.tile(np.arange(cells), nb)[:, None]
-    return cell_z(kbits, b, j, frac)
-
-
 def cell_of_row(kbits: int, table_cell):
     """``(binade, index)`` of table cells that are not catch-all cells (their position
     counted without the low side's catch-all: 0 to ``(NB_LO + NB_HI) 2^kbits - 1``)."""
@@ -143,7 +134,7 @@ def cell_of_row(kbits: int, table_cell):
 
 #: What an element outside the tables' domain (invalid, or in the solver's tails) reads
 #: instead, so that it finds a cell like any other; its result is never stored.
-FILL_P, FILL_LOGP = 0.5, -1.0
+OUTSIDE_P, OUTSIDE_LOGP = 0.5, -1.0
 
 
 def prepare_z_array(x, logp: bool, closed: float, where, exp, expm1):
@@ -151,12 +142,12 @@ def prepare_z_array(x, logp: bool, closed: float, where, exp, expm1):
     numpy or torch."""
     if logp:
         valid = (x >= closed) & (x <= 0)
-        lp = where(valid, x, FILL_LOGP)
+        lp = where(valid, x, OUTSIDE_LOGP)
         high = lp > -LN2
         p = exp(lp)
         return p, where(high, -expm1(lp), p), high, valid
     valid = (x >= closed) & (x <= 1)
-    p = where(valid, x, FILL_P)
+    p = where(valid, x, OUTSIDE_P)
     high = p > 0.5
     return p, where(high, 1.0 - p, p), high, valid
 
@@ -207,7 +198,7 @@ def _closed(logp: bool) -> float:
 def cells_of(x, logp: bool, kbits: int, ops: ArrayOps):
     """The cell of every element of the flat float64 array ``x`` (p, or log p): what a
     radius's first call builds.  Elements outside the tables' domain count as
-    :data:`FILL_P` does, as in the numba backend's cell scan (its scalar twin)."""
+    :data:`OUTSIDE_P` does, as in the numba backend's cell scan (its scalar twin)."""
     _, z, high, _ = prepare_z_array(x, logp, _closed(logp), ops.where, ops.exp, ops.expm1)
     return cell_array(z.view(ops.int64), high, kbits, ops.where)
 
