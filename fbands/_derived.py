@@ -45,7 +45,7 @@ from fbands._fingerprint import code_fingerprint
 __all__ = ["derive", "intercept", "encode", "decode"]
 
 #: Format of the files; part of the key.
-FORMAT = 1
+FORMAT = 2
 
 #: The derivations shipped in the package (``scripts/ship_derivations.py`` writes them).
 SHIPPED = Path(__file__).resolve().parent / "_shipped" / "derived"
@@ -137,7 +137,7 @@ def _to_data(d: symbolic.Derivation) -> dict:
         "dF": encode(d.dF), "f0": d.f0, "fpinf": d.fpinf, "fpp1": d.fpp1,
         "upper": _encode_form(d.upper), "lower": _encode_form(d.lower),
         "lower_y": _encode_form(d.lower_y), "tail0": d.tail0, "tail_inf": d.tail_inf,
-        "f0_text": d.f0_text,
+        "f0_text": d.f0_text, "offset_inf": d.offset_inf,
     }
 
 
@@ -148,7 +148,7 @@ def _from_data(data: dict) -> symbolic.Derivation:
         fpp1=float(data["fpp1"]), upper=_decode_form(data["upper"]),
         lower=_decode_form(data["lower"]), tail0=_tail(data["tail0"]),
         tail_inf=_tail(data["tail_inf"]), lower_y=_decode_form(data["lower_y"]),
-        f0_text=str(data["f0_text"]),
+        f0_text=str(data["f0_text"]), offset_inf=float(data["offset_inf"]),
     )
 
 

@@ -94,6 +94,12 @@ class Divergence:
         return self.derivation.fpinf
 
     @property
+    def offset_at_inf(self) -> float:
+        """``lim f(c) - f'(inf) (c - 1)`` as ``c -> inf`` (``-inf`` for kl; nan where
+        ``f'(inf)`` is infinite): what the lower edge's derivative at ``p = 1`` needs."""
+        return self.derivation.offset_inf
+
+    @property
     def curvature(self) -> float:
         """``f''(1)`` (``inf`` at a kink, as for ``tv``)."""
         return self.derivation.fpp1

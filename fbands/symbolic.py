@@ -90,6 +90,8 @@ class Derivation:
     tail_inf: tuple[float, float, int, float] | None = None  # ... as u -> inf
     lower_y: ClosedForm | None = None  # the lower edge's polynomial in y = 1 - r
     f0_text: str = "nan"  # f(0+) to 30 digits (for arithmetic finer than float64)
+    # lim f(c) - f'(inf) (c - 1) as c -> inf: nan where f'(inf) is infinite or sympy finds none
+    offset_inf: float = math.nan
 
 
 # ----------------------------------------------------------------------------- derivation
@@ -324,7 +326,8 @@ def derive(f: sp.Expr, *, closed_forms: bool = True) -> Derivation:
     dF = _optimize(dF if dF.has(sp.sign, sp.Abs) else sp.simplify(dF))
     f0_exact = sp.limit(f, U, 0, "+")
     f0 = _to_float(f0_exact)
-    fpinf = _to_float(sp.limit(f / U, U, sp.oo))
+    fpinf_exact = sp.limit(f / U, U, sp.oo)
+    fpinf = _to_float(fpinf_exact)
     fpp1 = _curvature_at_one(f)
     upper = _closed_form(f, "upper") if closed_forms else None
     lower = _closed_form(f, "lower") if closed_forms else None
@@ -333,7 +336,18 @@ def derive(f: sp.Expr, *, closed_forms: bool = True) -> Derivation:
     lower_y = _closed_form(f, "lower_y") if lower is not None else None
     f0_text = str(sp.N(f0_exact, 30)) if math.isfinite(f0) else repr(f0)
     return Derivation(f, F_near, F_far, dF, f0, fpinf, fpp1, upper, lower, tail0, tail_inf,
-                      lower_y, f0_text)
+                      lower_y, f0_text, _offset_at_inf(f, fpinf_exact))
+
+
+def _offset_at_inf(f: sp.Expr, slope: sp.Expr) -> float:
+    """``lim f(c) - slope (c - 1)`` as ``c -> inf`` for a finite ``slope = f'(inf)``
+    (``-inf`` for kl and hellinger; nan where the slope is infinite or sympy finds none)."""
+    if not slope.is_finite:
+        return math.nan
+    try:
+        return _to_float(sp.limit(f - slope * (U - 1), U, sp.oo))
+    except (TypeError, ValueError, NotImplementedError):
+        return math.nan
 
 
 # ----------------------------------------------------------------------------- code generation

@@ -165,29 +165,10 @@ def _lower_at_one(fun: BandFunction, x: Inputs, s):
     s_in = torch.where(inside, s, torch.zeros_like(s) - 0.5)
     g_s = fun.dF(s_in) - torch.exp(s_in) * A  # the slope of AtOne's equation
     ds_dd = torch.where(inside, 1.0 / g_s, 0.0)
-    K = _offset_at_inf(fun.div)
+    K = fun.div.offset_at_inf
     if math.isinf(K):
         return torch.where(inside | (s == 0.0), math.inf, 0.0) + 0.0 * s, ds_dd
     return torch.where(inside, -(x.delta - K) / g_s, 0.0), ds_dd
-
-
-_OFFSETS: dict[str, float] = {}
-
-
-def _offset_at_inf(div) -> float:
-    """``lim f(c) - f'(inf) (c - 1)`` as ``c -> inf`` (sympy; nan where unknown)."""
-    key = str(div.f)
-    if key not in _OFFSETS:
-        import sympy as sp
-
-        from fbands.symbolic import U
-
-        try:
-            value = float(sp.limit(div.f - sp.nsimplify(div.fprime_inf) * (U - 1), U, sp.oo))
-        except (TypeError, ValueError, NotImplementedError):  # pragma: no cover
-            value = math.nan
-        _OFFSETS[key] = value
-    return _OFFSETS[key]
 
 
 #: log of the other token's ratio ``c`` above which ``g_p`` is taken from the intercept (its
