@@ -19,7 +19,6 @@ import numpy as np
 
 from fbands._checks import is_positive
 from fbands._inputs import check_kind, is_tensor, scalar_delta, work_dtype
-from fbands._jit.codegen import has_closed_pass
 from fbands._optional import raise_missing
 from fbands.divergences import Divergence, get
 from fbands.errors import BandError
@@ -29,7 +28,7 @@ __all__ = ["BACKENDS", "PATHS", "Plan", "compute", "plan"]
 #: Backend name -> module holding its paths.
 BACKENDS = {
     "numpy": "fbands.backends.numpy_backend",
-    "numba": "fbands.backends.numba_backend",
+    "numba": "fbands._jit.backend",
     "torch": "fbands.backends.torch_backend",
     "cvxpy": "fbands.backends.cvxpy_backend",
 }
@@ -101,7 +100,7 @@ def plan(div: Divergence, p: Any, delta: Any, *, backend: str = "auto", logp: bo
     cvxpy     always                                                              exact
     numba     float32/float64 array of size > 0, one valid scalar ``delta``,       closed-pass
               ratios of ``p`` (neither ``logp`` nor ``log``), closed forms of
-              both edges with no squaring (:func:`~fbands._jit.codegen.has_closed_pass`)
+              both edges with no squaring (:func:`fbands._jit.backend.has_closed_pass`)
     numba     float32/float64 array of size > 0, one valid scalar ``delta`` of     table
               at least :data:`TABLE_DELTA_MIN`
     numba     otherwise (per-element ``delta``, a scalar ``p``, other dtypes,      exact
@@ -161,7 +160,7 @@ def _numba_path(div, p, delta, *, logp: bool, log: bool) -> str:
     if (d is None or not is_positive(d) or not isinstance(p, np.ndarray)
             or p.dtype not in (np.float32, np.float64) or p.size == 0):
         return EXACT
-    if not (logp or log) and has_closed_pass(div):
+    if not (logp or log) and _module("numba").has_closed_pass(div):
         return CLOSED_PASS
     return TABLE if d >= TABLE_DELTA_MIN else EXACT
 

@@ -1,5 +1,5 @@
 """What a generator ``f`` must be: read from text by the grammar, checked to make an
-f-divergence.
+f-divergence; and the built-in generators.
 
 :func:`parse_f` turns a string into a sympy expression through :mod:`fbands._expr` (never
 evaluated as Python) and keeps a given expression to ``u`` and the declared parameters;
@@ -18,7 +18,29 @@ import sympy as sp
 from fbands import _checks, _expr, symbolic
 from fbands.errors import DivergenceError
 
-__all__ = ["check_generator", "param_value", "parse_f"]
+__all__ = ["BUILTIN_FAMILIES", "BUILTIN_GENERATORS", "check_generator", "param_value",
+           "parse_f"]
+
+_u, _a = symbolic.U, sp.Symbol("a", real=True)
+#: The built-in generators (THEORY's conventions), name -> (f, description): the one table
+#: that the registry and the cvxpy reference read (the reference matches a divergence's
+#: ``f`` against these, never its name).  Their derivations ship in the package
+#: (fbands/_derived.py, scripts/ship_derivations.py).
+BUILTIN_GENERATORS: dict[str, tuple[sp.Expr, str]] = {
+    "kl": (_u - 1 - sp.log(_u), "KL(pi_old || pi), BandPO's BandKL and TRPO's constraint"),
+    "reverse_kl": (_u * sp.log(_u) - _u + 1, "KL(pi || pi_old)"),
+    "tv": (sp.Abs(_u - 1) / 2, "total variation"),
+    "chi2": ((_u - 1) ** 2, "Pearson chi-square (no factor 1/2)"),
+    "neyman_chi2": ((_u - 1) ** 2 / _u, "Neyman chi-square"),
+    "hellinger": ((sp.sqrt(_u) - 1) ** 2, "squared Hellinger distance (no factor 1/2)"),
+    "js": ((_u * sp.log(_u) - (1 + _u) * sp.log((1 + _u) / 2)) * sp.Rational(1, 2),
+           "Jensen-Shannon divergence (natural log)"),
+}
+#: The built-in family: name -> (f in u and its parameters, the parameters, description).
+BUILTIN_FAMILIES: dict[str, tuple[sp.Expr, tuple[str, ...], str]] = {
+    "alpha": ((_u**_a - 1 - _a * (_u - 1)) / (_a * (_a - 1)), ("a",),
+              "Amari alpha family (a -> 0: kl, a -> 1: reverse_kl, 2: chi2/2, 1/2: 2 hellinger)"),
+}
 
 
 def parse_f(f: str | sp.Expr, params: tuple[str, ...]) -> sp.Expr:

@@ -35,6 +35,7 @@ from typing import Any
 import sympy as sp
 
 from fbands import _checks, _derived, _expr, _generators, _presets, symbolic
+from fbands._generators import BUILTIN_FAMILIES, BUILTIN_GENERATORS
 from fbands.errors import DivergenceError
 
 __all__ = ["Divergence", "available", "get", "register"]
@@ -469,26 +470,6 @@ def _unknown(name: str) -> DivergenceError:
     return DivergenceError(f"{message}; available: {', '.join(names)}")
 
 
-_u, _a = symbolic.U, sp.Symbol("a", real=True)
-#: The built-in generators (THEORY's conventions), name -> (f, description): the one table
-#: that the registry and the cvxpy reference read (the reference matches a divergence's
-#: ``f`` against these, never its name).  Their derivations ship in the package
-#: (fbands/_derived.py, scripts/ship_derivations.py).
-BUILTIN_GENERATORS: dict[str, tuple[sp.Expr, str]] = {
-    "kl": (_u - 1 - sp.log(_u), "KL(pi_old || pi), BandPO's BandKL and TRPO's constraint"),
-    "reverse_kl": (_u * sp.log(_u) - _u + 1, "KL(pi || pi_old)"),
-    "tv": (sp.Abs(_u - 1) / 2, "total variation"),
-    "chi2": ((_u - 1) ** 2, "Pearson chi-square (no factor 1/2)"),
-    "neyman_chi2": ((_u - 1) ** 2 / _u, "Neyman chi-square"),
-    "hellinger": ((sp.sqrt(_u) - 1) ** 2, "squared Hellinger distance (no factor 1/2)"),
-    "js": ((_u * sp.log(_u) - (1 + _u) * sp.log((1 + _u) / 2)) * sp.Rational(1, 2),
-           "Jensen-Shannon divergence (natural log)"),
-}
-#: The built-in family: name -> (f in u and its parameters, the parameters, description).
-BUILTIN_FAMILIES: dict[str, tuple[sp.Expr, tuple[str, ...], str]] = {
-    "alpha": ((_u**_a - 1 - _a * (_u - 1)) / (_a * (_a - 1)), ("a",),
-              "Amari alpha family (a -> 0: kl, a -> 1: reverse_kl, 2: chi2/2, 1/2: 2 hellinger)"),
-}
 #: The built-in divergences' names (families apart).
 BUILTINS: list[str] = list(BUILTIN_GENERATORS)
 

@@ -63,6 +63,22 @@ def test_nothing_below_the_dispatch_imports_it(graph):
     assert not {m: d for m, d in back.items() if d}
 
 
+#: The numba room: everything that exists for numba.
+NUMBA_ROOM = "fbands._jit"
+
+
+def test_numba_lives_in_one_room(graph):
+    # no module outside the room imports one inside it (the dispatch reaches the numba
+    # backend by its name, as every backend), and none imports numba itself
+    inside = {m: sorted(d for d in deps if d.startswith(NUMBA_ROOM)) for m, deps in graph.items()
+              if not m.startswith(NUMBA_ROOM)}
+    assert not {m: d for m, d in inside.items() if d}
+    numba_users = [path for path, text in _sources().items()
+                   if re.search(r"^\s*(import numba|from numba\b)", text, re.M)
+                   and not path.startswith("fbands/_jit/")]
+    assert not numba_users
+
+
 def test_modules_are_short():
     long = {path: len(text.splitlines()) for path, text in _sources().items()
             if len(text.splitlines()) >= MAX_LINES}

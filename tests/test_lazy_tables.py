@@ -8,8 +8,8 @@ import pytest
 
 import fbands
 
-nb = pytest.importorskip("fbands.backends.numba_backend")
-from fbands.tables import kernels  # noqa: E402
+nb = pytest.importorskip("fbands._jit.backend")
+from fbands._jit import table_kernels as kernels  # noqa: E402
 from fbands.tables import layout as _table_layout  # noqa: E402
 from fbands.tables.build import TableSet  # noqa: E402
 from fbands.tables.cache import TABLES  # noqa: E402

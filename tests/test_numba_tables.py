@@ -29,10 +29,10 @@ from . import reference as ref
 from ._speed import registry
 
 pytest.importorskip("numba")
+from fbands._jit import backend as numba_backend  # noqa: E402
+from fbands._jit import table_kernels as _table_kernels  # noqa: E402
 from fbands._jit.codegen import has_closed_pass  # noqa: E402
 from fbands._solver import LP_CLOSED  # noqa: E402
-from fbands.backends import numba_backend  # noqa: E402
-from fbands.tables import kernels as _table_kernels  # noqa: E402
 from fbands.tables import layout as _table_layout  # noqa: E402
 from fbands.tables.build import LAYOUTS  # noqa: E402
 from fbands.tables.cache import TABLES  # noqa: E402

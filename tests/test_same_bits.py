@@ -21,7 +21,7 @@ import pytest
 
 import fbands
 
-pytest.importorskip("fbands.backends.numba_backend")
+pytest.importorskip("fbands._jit.backend")
 from fbands.tables.cache import TABLES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

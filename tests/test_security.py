@@ -286,7 +286,7 @@ _DISPATCHERS = """
 import sys, fbands
 from numba.core.dispatcher import Dispatcher
 from fbands._jit import loader
-import fbands.tables.kernels
+import fbands._jit.table_kernels
 for name in ("tv", "kl"):
     loader.kernels(fbands.get(name))
 for mod in list(sys.modules.values()):

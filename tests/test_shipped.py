@@ -99,7 +99,6 @@ def test_a_derivation_done_says_so_once_per_machine(cache, counted, notices):  #
 
 def test_a_complete_table_build_says_so_a_load_is_silent(monkeypatch, notices):
     kl = divergences._REGISTRY["kl"]
-    monkeypatch.setattr(table_cache.codegen, "leaves_source", lambda div: "k")
     built, stored = [], {}
 
     def complete(self):

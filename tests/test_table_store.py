@@ -11,7 +11,7 @@ import pytest
 
 import fbands
 
-pytest.importorskip("fbands.backends.numba_backend")
+pytest.importorskip("fbands._jit.backend")
 from fbands.tables import layout as _table_layout  # noqa: E402
 from fbands.tables import store as _table_store  # noqa: E402
 from fbands.tables.build import TableSet  # noqa: E402

@@ -94,7 +94,7 @@ def compile_notice(module: str) -> str | None:
     package = module.split(".", 1)[0]
     if package in _DIVERGENCE_OF:
         what = f"the numba kernels of divergence {_DIVERGENCE_OF[package]!r}"
-    elif module.startswith("fbands.tables"):
+    elif module == "fbands._jit.table_kernels":
         what = "the numba kernels of the band tables"
     elif module == "fbands" or module.startswith("fbands."):
         what = f"numba kernels ({module})"

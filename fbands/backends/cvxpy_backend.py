@@ -55,9 +55,10 @@ import numpy as np
 import sympy
 
 from fbands import _checks, symbolic
+from fbands._generators import BUILTIN_FAMILIES, BUILTIN_GENERATORS
 from fbands._inputs import NumpyInputs
 from fbands._optional import require
-from fbands.divergences import BUILTIN_FAMILIES, BUILTIN_GENERATORS, Divergence, get
+from fbands.divergences import Divergence, get
 from fbands.errors import BandError, DivergenceError, SolverError
 
 #: Relative tolerance of the checks on each solution (see the module docstring).
@@ -111,10 +112,11 @@ def _same(f: sympy.Expr, g: sympy.Expr) -> bool:
 
 
 def expression(div: Divergence) -> Callable:
-    """The DCP builder for a divergence, chosen by its generator ``f`` (the built-in
-    generator each expression above is written for: :data:`fbands.divergences.BUILTIN_GENERATORS`,
-    never the name, so that a re-registered name can never select another divergence's
-    program), or a :class:`DivergenceError` naming those known."""
+    """The DCP builder for a divergence, chosen by its generator ``f``, or a
+    :class:`DivergenceError` naming those known.  Each expression above is written for a
+    built-in generator (:data:`fbands._generators.BUILTIN_GENERATORS`); ``f`` is matched
+    against those, never the name, so that a re-registered name can never select another
+    divergence's program."""
     u = symbolic.U
     f = div.f.xreplace({s: u for s in div.f.free_symbols if s.name == "u"})
     for name, build in _EXPRESSIONS.items():

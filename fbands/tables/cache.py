@@ -14,7 +14,6 @@ import threading
 from collections import OrderedDict
 
 from fbands import _notice, _solver
-from fbands._jit import codegen
 from fbands.tables import layout, store
 from fbands.tables.build import LAYOUTS, Table, TableSet
 
@@ -79,7 +78,7 @@ class TableCache:
         if ts.is_complete:
             return ts
         kbits = LAYOUTS[layout_name]["kbits"]
-        k = store.key(codegen.leaves_source(div), delta,
+        k = store.key(repr(div.derivation), delta,
                       f"{layout_name} {sorted(LAYOUTS[layout_name].items())}")
         found = store.load(k, kbits, layout.cell_count(kbits), layout.ROW, Table)
         if found is None:

@@ -3,7 +3,7 @@
 A table (built by :func:`fbands.tables.build.build_tables`) holds, for one
 divergence at one radius, polynomials of both band edges on short cells of
 ``z = min(p, 1 - p)``.  Everything that knows where a cell, a row or a coordinate lies in
-the bits of ``z`` is here: the build, the numba kernels (:mod:`.kernels`), torch
+the bits of ``z`` is here: the build, the numba kernels (:mod:`fbands._jit.table_kernels`), torch
 (:mod:`.torch_reader`) and the tests all go through it.
 
 Cells.  ``z`` lies in binade ``b`` when ``2^-(b+1) <= z < 2^-b``; each binade is cut into
@@ -21,7 +21,7 @@ and upper edge interleaved (one contiguous read), and a code of flag bits
 Reading comes in two forms with the same steps: :func:`prepare_z_array`,
 :func:`cell_array` and :func:`locate_array` here, for numpy arrays or torch tensors (the
 build's cell scan, the torch reader), and their scalar twins in the numba kernels
-(:func:`fbands.tables.kernels.prepare_z`, ``cell_index``, ``locate``), which the tests hold
+(:func:`fbands._jit.table_kernels.prepare_z`, ``cell_index``, ``locate``), which the tests hold
 to the same cells, rows and coordinates.  This module imports no numba: the torch reader
 and the build run without it.
 """
@@ -212,8 +212,8 @@ def read_array(table, at_one: float, x, *, logp: bool, log: bool, ops: ArrayOps)
     exponentiated on rows so marked), ``1 / p`` (or ``-log p``) where the upper edge is
     saturated, and the limit ``(at_one, 1)`` at ``p == 1``.  ``more`` marks the elements
     to solve exactly: rows marked so, invalid input, and ``p`` (``log p``) below
-    ``LP_CLOSED``, the solver's tails.  The numba pass (:mod:`.kernels`) takes the same
-    steps, one element at a time."""
+    ``LP_CLOSED``, the solver's tails.  The numba pass (:mod:`fbands._jit.table_kernels`)
+    takes the same steps, one element at a time."""
     where = ops.where
     p, z, high, valid = prepare_z_array(x, logp, _closed(logp), where, ops.exp, ops.expm1)
     if log:  # (0.0 - : log 1 gives +0.0)

@@ -7,9 +7,9 @@ private cache directory (:func:`fbands._cache.private_dir`, ``tables/``) as plai
 arrays (``.npz``, read with ``allow_pickle=False``), next to a JSON record (checked by
 :func:`fbands._cache.read_json`) that holds the archive's sha256 and size: an archive is
 loaded only when its bytes hash to the recorded value, and its arrays have the expected
-types and shapes.  The key hashes the divergence's generated kernels (the text of its
-leaves, :func:`fbands._jit.codegen.leaves_source`), the code that builds tables, numpy's
-version, ``delta`` and the layout.  At most
+types and shapes.  The key hashes the divergence's derivation (the formulas and constants
+that its kernels are made from, :class:`fbands.symbolic.Derivation`), the code that builds
+tables, numpy's version, ``delta`` and the layout.  At most
 :data:`MAX_FILES` archives are kept (least recently used go first).
 """
 
@@ -47,10 +47,11 @@ def _code_hash() -> str:
     return _CODE[0]
 
 
-def key(kernels: str, delta: float, layout: str) -> str:
-    """Key of the tables of the divergence whose generated kernels read ``kernels`` (their
-    text) at ``delta`` in ``layout``."""
-    text = f"{_code_hash()}\n{kernels}\n{float(delta)!r}\n{layout}"
+def key(derivation: str, delta: float, layout: str) -> str:
+    """Key of the tables of the divergence whose derivation prints as ``derivation`` (its
+    generator's formulas and constants, all that its kernels are made from) at ``delta`` in
+    ``layout``."""
+    text = f"{_code_hash()}\n{derivation}\n{float(delta)!r}\n{layout}"
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -9,7 +9,7 @@ Three paths, which :func:`fbands._dispatch.plan` chooses between (:data:`PATHS`)
 * **table** (a float32 or float64 array with one scalar ``delta``, the usual case): the
   interpolation tables of the ``(divergence, delta)`` pair (:mod:`fbands.tables`), built
   cell by cell as the data reaches them and cached, read by one pass
-  (:func:`fbands.tables.kernels.table_pass`).
+  (:func:`fbands._jit.table_kernels.table_pass`).
 * **closed-pass** (ratios of ``p`` with one scalar ``delta``, for divergences whose closed
   forms needed no squaring): the roots of the sympy polynomials, chosen and clamped
   without a branch (:mod:`fbands._jit.closed_pass`); no table to build.
@@ -30,15 +30,15 @@ import numpy as np
 
 from fbands import _solver
 from fbands._inputs import NumpyInputs, check_values, invalid_masks
-from fbands._jit import loader, threads
+from fbands._jit import loader, table_kernels, threads
+from fbands._jit.codegen import has_closed_pass
 from fbands._jit.prims import BLOCK, unfinished
 from fbands._refine import refine_near_saturation
 from fbands._solver import LP_CLOSED, Inputs
-from fbands.tables import kernels as table_kernels
 from fbands.tables.build import LAYOUTS, Table
 from fbands.tables.cache import TABLES
 
-__all__ = ["PATHS", "closed_pass", "exact", "table"]
+__all__ = ["PATHS", "closed_pass", "exact", "has_closed_pass", "table"]
 
 
 def _layout(dtype) -> str:
