@@ -82,8 +82,8 @@ def listener():
 
 def test_a_compile_of_fbands_code_gives_one_notice_per_process(listener, caplog):
     caplog.set_level(logging.INFO, logger="fbands")
-    _jitted("fbands.tables._notice_probe")(1.0)
-    _jitted("fbands.tables._notice_probe")(2.0)  # the same kernels again: no second notice
+    _jitted("fbands._jit.table_kernels")(1.0)
+    _jitted("fbands._jit.table_kernels")(2.0)  # the same kernels again: no second notice
     _jitted("someone_else")(1.0)  # not fbands' code: none
     notes = [r.getMessage() for r in caplog.records if r.name == "fbands"]
     assert notes == ["compiling the numba kernels of the band tables, once per machine (later "
