@@ -48,8 +48,9 @@ def _at_zero(f):
     return f(mp.mpf(10) ** (-4 * DPS)) if mp.isnan(value) else value
 
 
-#: How far the lower edge's bracket may be widened: down to exp(-2**40).
-_MAX_DOUBLINGS = 40
+#: How far the lower edge's bracket may be widened: down to exp(-2**1100), whose log is
+#: below -float64's largest number, so that an edge beyond it is 0 (log: -inf) as a float.
+_MAX_DOUBLINGS = 1100
 
 
 def edges(f, p, delta, iterations=400):
@@ -77,7 +78,7 @@ def edges(f, p, delta, iterations=400):
                 if g(f, p, mp.exp(lo)) > delta:
                     break
                 lo *= 2
-            else:  # the edge is below exp(-2**40), whatever g(0) said: 0 for any float
+            else:  # the edge is below exp(-2**1100): 0, and its log -inf, as floats
                 return mp.mpf(0), upper
             for _ in range(iterations):
                 mid = (lo + hi) / 2
