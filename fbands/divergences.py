@@ -401,6 +401,9 @@ def get(name: str | Divergence, **params: Any) -> Divergence:
         return name
     if not isinstance(name, str):
         raise DivergenceError(f"a divergence is named by a string, got {type(name).__name__}")
+    found = None if params or name in _FAMILIES else _REGISTRY.get(name)
+    if found is not None:  # a registered name as spelt (every band call): no parsing
+        return found
     try:
         base, args, kwargs = _expr.parse_spec(name)
     except DivergenceError:
