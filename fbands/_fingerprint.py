@@ -9,6 +9,9 @@ whitespace collapsed, so that exactly an edit of the code changes it.
 The cuts are found by :mod:`tokenize` (comments) and :mod:`ast` (docstrings: a string
 constant as the first statement of a module, class or function), both by position in the
 text, so the result does not depend on how a Python version prints or dumps a tree.
+Tokenising and parsing a few thousand lines takes tens of milliseconds, which a process's
+first band call would pay, so each file's digest is kept in the process and in the private
+cache (``fingerprint/``) under the hash of the file's bytes: exact, and never stale.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ import tokenize
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["code_fingerprint", "code_text"]
+from fbands import _cache
+
+__all__ = ["code_digest", "code_fingerprint", "code_text"]
 
 _WITH_DOCSTRING = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
@@ -68,6 +73,30 @@ def code_fingerprint(paths: Iterable[Path], *extra: str) -> str:
     for text in extra:
         h.update(f"{text}\n".encode())
     for path in paths:
-        code = code_text(Path(path).read_text(encoding="utf-8")).encode()
-        h.update(f"{Path(path).name} {len(code)}\n".encode() + code)
+        h.update(f"{Path(path).name} {code_digest(Path(path).read_bytes())}\n".encode())
     return h.hexdigest()
+
+
+#: Part of every memo's key: a change to what :func:`code_text` cuts must change it.
+_VERSION = 1
+_MEMO: dict[str, str] = {}
+
+
+def code_digest(raw: bytes) -> str:
+    """SHA-256 of :func:`code_text` of the UTF-8 source ``raw``, remembered by the hash of
+    ``raw`` in the process and in the private cache."""
+    key = hashlib.sha256(f"code_text {_VERSION}\n".encode() + raw).hexdigest()
+    found = _MEMO.get(key)
+    if found is not None:
+        return found
+    folder = _cache.private_dir("fingerprint")
+    path = None if folder is None else folder / f"{key}.json"
+    stored = None if path is None else _cache.read_json(path, key)
+    if isinstance(stored, str):
+        found = stored
+    else:
+        found = hashlib.sha256(code_text(raw.decode("utf-8")).encode()).hexdigest()
+        if path is not None:
+            _cache.write_json(path, key, found)
+    _MEMO[key] = found
+    return found
