@@ -14,6 +14,7 @@ import threading
 from collections import OrderedDict
 
 from fbands import _notice, _solver
+from fbands.errors import BandError
 from fbands.tables import layout, store
 from fbands.tables.build import LAYOUTS, Table, TableSet
 
@@ -90,6 +91,35 @@ class TableCache:
         with self._lock:
             return self._put(self._key(div, delta, layout_name),
                              TableSet.from_tables(div, delta, layout_name, found))
+
+    def grid(self, div, delta: float, dtype: str):
+        """The :class:`~.grid.Grid` of ``div`` at ``delta`` for ``dtype`` (``"float32"`` or
+        ``"float64"``): kept with the tables of the pair, loaded from the private cache when
+        an earlier process stored it, else built and stored; None where it cannot be built
+        (more cells than :data:`~.grid.MAX_CELLS`)."""
+        from fbands.tables.grid import GRIDS, build_grid
+
+        key = self._key(div, delta, dtype)
+        self.table_set(div, delta, dtype)  # (the set the grid is kept with)
+        with self._lock:
+            found = self._derived.setdefault(key, {}).get("grid")
+        if found is not None:
+            return found or None
+        k = store.key(repr(div.derivation), delta, f"grid {dtype} {sorted(GRIDS[dtype].items())}")
+        found = store.load_grid(k, dtype)
+        if found is None:
+            _notice.notice(f"building the band grid of divergence {div.name!r} at "
+                           f"delta={float(delta):g} ({dtype}), once per machine (later runs "
+                           "load it from the disk cache): this may take seconds")
+            try:
+                found = build_grid(div, delta, dtype)
+            except BandError:  # (too many cells: the device path reads the tables)
+                found = False
+            else:
+                store.store_grid(k, found)
+        with self._lock:
+            self._derived.setdefault(key, {})["grid"] = found
+        return found or None
 
     def on_device(self, div, delta: float, layout_name: str, log: bool, table: Table,
                   device, to_device):

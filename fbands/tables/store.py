@@ -26,7 +26,7 @@ from fbands import _cache
 from fbands._fingerprint import code_fingerprint
 from fbands.tables import layout
 
-__all__ = ["load", "store", "key"]
+__all__ = ["key", "load", "load_grid", "store", "store_grid"]
 
 #: Archives kept in the directory (a float64 pair is about 9 MB, a float32 pair 2.5 MB).
 MAX_FILES = 32
@@ -34,8 +34,8 @@ MAX_FILES = 32
 _CODE: list[str] = []
 
 
-#: The code that builds tables: the layout, the fit and the array solver.
-_BUILDERS = ("build.py", "layout.py", "../_solver.py", "../_band_function.py",
+#: The code that builds tables and grids: the layouts, the fits and the array solver.
+_BUILDERS = ("build.py", "layout.py", "grid.py", "../_solver.py", "../_band_function.py",
              "../_refine.py")
 
 
@@ -55,12 +55,9 @@ def key(derivation: str, delta: float, layout: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def load(k: str, kbits: int, cells: int, row: int, table_cls):
-    """``{log: Table}`` stored under ``k``, or None (absent, damaged or not verified).
-
-    ``cells``: the length of ``cells_info`` the layout has; ``row``: coefficients a row.
-    Every row index a cell can reach is checked to lie inside the table (the kernels read
-    without bounds checks)."""
+def _load_arrays(k: str, names: tuple[str, ...]) -> dict | None:
+    """The arrays ``names`` of the archive stored under ``k``, or None (absent, damaged, or
+    its bytes do not hash to the recorded value)."""
     store = _cache.private_dir("tables")
     if store is None:
         return None
@@ -73,9 +70,39 @@ def load(k: str, kbits: int, cells: int, row: int, table_cls):
         return None
     try:
         with np.load(io.BytesIO(raw), allow_pickle=False) as z:
-            arrays = {name: z[name] for name in ("info", "coef_log", "code_log",
-                                                 "coef_ratio", "code_ratio")}
+            arrays = {name: z[name] for name in names}
     except (OSError, ValueError, KeyError):
+        return None
+    try:
+        os.utime(store / f"{k}.npz")  # recently used
+    except OSError:
+        pass
+    return arrays
+
+
+def _store_arrays(k: str, **arrays) -> bool:
+    directory = _cache.private_dir("tables")
+    if directory is None:
+        return False
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    raw = buf.getvalue()
+    if not _cache.write_file(directory / f"{k}.npz", raw):
+        return False
+    ok = _cache.write_json(directory / f"{k}.json", k,
+                           {"sha256": hashlib.sha256(raw).hexdigest(), "size": len(raw)})
+    _evict(directory)
+    return ok
+
+
+def load(k: str, kbits: int, cells: int, row: int, table_cls):
+    """``{log: Table}`` stored under ``k``, or None (absent, damaged or not verified).
+
+    ``cells``: the length of ``cells_info`` the layout has; ``row``: coefficients a row.
+    Every row index a cell can reach is checked to lie inside the table (the kernels read
+    without bounds checks)."""
+    arrays = _load_arrays(k, ("info", "coef_log", "code_log", "coef_ratio", "code_ratio"))
+    if arrays is None:
         return None
     info = arrays["info"]
     if info.dtype != np.int64 or info.shape != (cells,):
@@ -91,29 +118,35 @@ def load(k: str, kbits: int, cells: int, row: int, table_cls):
                 or (first + (1 << extra)).max() > code.size):
             return None
         out[log] = table_cls(kbits, coef, code, info)
-    try:
-        os.utime(store / f"{k}.npz")  # recently used
-    except OSError:
-        pass
     return out
 
 
 def store(k: str, tables) -> bool:
     """Write ``tables`` (``{log: Table}``) under ``k``; False when it could not."""
-    directory = _cache.private_dir("tables")
-    if directory is None:
-        return False
-    buf = io.BytesIO()
-    np.savez(buf, info=tables[True].cells_info, coef_log=tables[True].coef,
-             code_log=tables[True].row_code, coef_ratio=tables[False].coef,
-             code_ratio=tables[False].row_code)
-    raw = buf.getvalue()
-    if not _cache.write_file(directory / f"{k}.npz", raw):
-        return False
-    ok = _cache.write_json(directory / f"{k}.json", k,
-                           {"sha256": hashlib.sha256(raw).hexdigest(), "size": len(raw)})
-    _evict(directory)
-    return ok
+    return _store_arrays(k, info=tables[True].cells_info, coef_log=tables[True].coef,
+                         code_log=tables[True].row_code, coef_ratio=tables[False].coef,
+                         code_ratio=tables[False].row_code)
+
+
+def load_grid(k: str, dtype: str):
+    """The :class:`~.grid.Grid` stored under ``k`` for ``dtype``, or None.  Its arrays are
+    checked for type and shape (the reader's gathers index ``rows`` by ``bounds``)."""
+    from fbands.tables.grid import ROW_SHAPE, Grid
+
+    arrays = _load_arrays(k, ("bounds", "rows", "worst"))
+    if arrays is None:
+        return None
+    bounds, rows, worst = arrays["bounds"], arrays["rows"], arrays["worst"]
+    if (bounds.dtype != np.dtype(dtype) or rows.dtype != bounds.dtype or bounds.ndim != 1
+            or rows.shape != (bounds.size + 1, *ROW_SHAPE) or worst.shape != ()
+            or not np.all(bounds[1:] > bounds[:-1])):
+        return None
+    return Grid(bounds, rows, dtype, float(worst))
+
+
+def store_grid(k: str, grid) -> bool:
+    """Write ``grid`` under ``k``; False when it could not."""
+    return _store_arrays(k, bounds=grid.bounds, rows=grid.rows, worst=np.float64(grid.worst))
 
 
 def _evict(directory: Path) -> None:

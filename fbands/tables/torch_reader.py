@@ -12,10 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fbands.tables import layout
+from fbands.tables import grid, layout
 from fbands.tables.cache import TABLES
 
-__all__ = ["DeviceTable", "cells_reached", "device_table", "read"]
+__all__ = ["DeviceGrid", "DeviceTable", "cells_reached", "device_grid", "device_table", "read",
+           "read_grid"]
 
 
 @dataclass(frozen=True)
@@ -89,3 +90,44 @@ def read(tab: DeviceTable, x, *, logp: bool, log: bool):
     """``(lower, upper, more)`` of float64 ``x`` (p, or log p) from ``tab``
     (:func:`.layout.read_array` in torch operations, on ``x``'s device)."""
     return layout.read_array(tab, tab.at_one, x, logp=logp, log=log, ops=TORCH_OPS)
+
+
+@dataclass(frozen=True)
+class DeviceGrid:
+    """One :class:`~.grid.Grid` on one device: its cut points and rows as tensors of its
+    dtype, and the exponents ``0..DEG`` its polynomials are read with."""
+
+    bounds: torch.Tensor
+    rows: torch.Tensor
+    exponents: torch.Tensor
+
+
+#: Grids already on a device, by (divergence name, delta, dtype, device): as for
+#: :data:`_READY`, a plain dict read once an entry exists.  An entry holds its tensors, so
+#: a CUDA graph that captured a read keeps them alive.
+_GRIDS: dict[tuple, tuple] = {}
+
+
+def device_grid(div, d: float, dtype: str, device) -> DeviceGrid | None:
+    """The grid of ``div`` at ``d`` for ``dtype`` on ``device`` (built, or loaded from the
+    disk cache, on the first call of the process); None where no grid meets
+    :data:`.grid.FLOAT32_BOUND` (a user's divergence may not)."""
+    key = (div.name, d, dtype, device)
+    found = _GRIDS.get(key)
+    if found is not None and found[0] is div:
+        return found[1]
+    g = TABLES.grid(div, d, dtype)
+    out = None
+    if g is not None and (dtype != "float32" or g.worst <= grid.FLOAT32_BOUND):
+        exps = np.arange(grid.DEG + 1, dtype=g.bounds.dtype)
+        out = DeviceGrid(*(torch.from_numpy(a).to(device) for a in (g.bounds, g.rows, exps)))
+    while len(_GRIDS) >= 4 * TABLES.max_sets:
+        del _GRIDS[next(iter(_GRIDS))]
+    _GRIDS[key] = (div, out)
+    return out
+
+
+def read_grid(g: DeviceGrid, x):
+    """``(log lower, log upper)`` of the flat tensor ``x`` of log-probabilities (in the
+    grid's dtype, on its device): :func:`.grid.read_grid` in torch operations."""
+    return grid.read_grid(g.bounds, g.rows, x, torch, g.exponents)
