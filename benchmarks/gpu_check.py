@@ -16,8 +16,9 @@ Sections:
 
 1. ``accuracy``: :func:`fbands.bounds` and :func:`fbands.log_bounds` (``logp=True``) of
    every built-in divergence (kl, reverse_kl, tv, chi2, neyman_chi2, hellinger, js,
-   alpha(a=0.5)) for float64, float32 and bfloat16 input on the device, by both device
-   paths (one scalar radius, 0.05: ``device-table``; a radius per token from {1e-4, 0.05,
+   alpha(a=0.5)) for float64, float32 and bfloat16 input on the device, by the device
+   paths (one scalar radius, 0.05: ``device-grid`` for log-edges of float32 and bfloat16
+   log-probabilities, ``device-table`` otherwise; a radius per token from {1e-4, 0.05,
    1}: ``device-solver``), against the float64 numpy backend on the CPU fed the same
    (rounded) inputs: the largest relative error, the largest distance in units in the
    last place of the output dtype, the number of elements that differ from the reference
@@ -40,9 +41,10 @@ Sections:
    copy time / band time.  Timed with CUDA events around a loop of calls after warm-up.
    ``graph`` replays the call captured in a CUDA graph: the device's time alone, no
    launch gaps and no host round trip in the measured region.  ``eager`` is the call as
-   a trainer makes it; each such call waits once for the device (to count the tokens the
-   tables leave), so its time includes that round trip by design and is reported beside
-   the graph's, never as the device's cost.
+   a trainer makes it; ``log_bounds(log p)`` reads the grid with no wait, while
+   ``bounds(p)`` (the tables) waits once for the device to count the tokens the tables
+   leave, so its time includes that round trip by design and is reported beside the
+   graph's, never as the device's cost.
 5. ``loss_step``: one training step (forward, ``precompute_band`` + ``policy_loss``,
    backward, AdamW step) of a model with SmolLM2-135M's shape and random weights, on a
    batch of 8 x 512 tokens, for clip and band-kl (median of several steps, ratio
@@ -370,8 +372,11 @@ def section_accuracy(dev, args, clock: Clock) -> dict:
                 deltas = torch.from_numpy(np.resize(np.array(TOKEN_DELTAS), x.shape))
                 deltas = deltas.to(x.dtype if dtype != torch.bfloat16 else torch.float32)
                 ref_fn = fbands.log_bounds if name == "log_edges" else fbands.bounds
-                for path, delta, d_ref in (("device-table", DELTA, DELTA),
-                                           ("device-solver", deltas, deltas.double().numpy())):
+                paths = [("device-table", DELTA, DELTA),
+                         ("device-solver", deltas, deltas.double().numpy())]
+                if logp and dtype != torch.float64:  # what a GPU's loss reads
+                    paths.insert(0, ("device-grid", DELTA, DELTA))
+                for path, delta, d_ref in paths:
                     ref = ref_fn(xr, d_ref, div, backend="numpy", logp=logp)
                     xd = x.to(dev)
                     dd = delta.to(dev) if isinstance(delta, torch.Tensor) else delta
@@ -855,7 +860,7 @@ def summary(report: dict) -> str:
                   "| dtype | path | call | max rel err | max ulp | differ from ref | "
                   "differ from CPU | beyond range | ok |", "|---|---|---|---|---|---|---|---|---|"]
         for dtype in DTYPES:
-            for path in ("device-table", "device-solver", "host"):
+            for path in ("device-grid", "device-table", "device-solver", "host"):
                 for call in ("bounds", "log_bounds"):
                     rs = [r for r in acc["rows"] if (r["dtype"], r["path"], r["call"])
                           == (dtype, path, call)]

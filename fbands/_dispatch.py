@@ -45,6 +45,9 @@ EXACT = "exact"
 #: synchronisation, or, where the call may not synchronise (traced, or captured in a CUDA
 #: graph), by the fixed-count solver on the device.
 DEVICE_TABLE = "device-table"
+#: torch: the grid of the (divergence, delta) pair read on the tensor's device, a fixed
+#: graph of about twenty kernels with no host read (:mod:`fbands.tables.grid`).
+DEVICE_GRID = "device-grid"
 #: torch: a CPU tensor with a radius per element, handed to the numpy backend's exact
 #: solver through a zero-copy numpy view.
 HOST = "host"
@@ -55,7 +58,7 @@ PATHS = {
     "numpy": (EXACT,),
     "cvxpy": (EXACT,),
     "numba": (CLOSED_PASS, TABLE, EXACT),
-    "torch": (DEVICE_TABLE, HOST, DEVICE_SOLVER),
+    "torch": (DEVICE_GRID, DEVICE_TABLE, HOST, DEVICE_SOLVER),
 }
 #: ``backend="auto"`` hands arrays of at least this many elements to numba: below it the
 #: numpy solver takes at most a few tens of milliseconds, and a first call compiles nothing
@@ -106,6 +109,9 @@ def plan(div: Divergence, p: Any, delta: Any, *, backend: str = "auto", logp: bo
     numba     otherwise (per-element ``delta``, a scalar ``p``, other dtypes,      exact
               an invalid or smaller ``delta``)
     torch     ``path`` given (tests, benchmarks): that path, if it applies         ``path``
+    torch     float32/bf16/fp16 tensor of log p not on the CPU (meta included),    device-grid
+              log-edges, one valid scalar ``delta`` of at least
+              :data:`TABLE_DELTA_MIN`
     torch     floating tensor with values (not meta), one valid scalar ``delta``    device-table
               (a number on the host) of at least :data:`TABLE_DELTA_MIN`, a device
               with float64 (not MPS); the CPU included
@@ -138,8 +144,11 @@ def plan(div: Divergence, p: Any, delta: Any, *, backend: str = "auto", logp: bo
     if backend != "torch":
         return Plan(backend, EXACT)
     _module("torch")  # (without torch: an error that names the extra to install)
-    reasons = {DEVICE_TABLE: _why_not_device_table(p, delta), HOST: _why_not_host(p, delta),
+    reasons = {DEVICE_GRID: _why_not_device_grid(p, delta, logp=logp, log=log),
+               DEVICE_TABLE: _why_not_device_table(p, delta), HOST: _why_not_host(p, delta),
                DEVICE_SOLVER: None}
+    if path is None and reasons[DEVICE_GRID] is None and p.device.type == "cpu":
+        reasons[DEVICE_GRID] = "a CPU tensor reads the tables (the numpy backend's bits)"
     if path is None:
         path = next(name for name, why in reasons.items() if why is None)
     elif path not in reasons:
@@ -206,6 +215,8 @@ def _run(chosen: Plan, div, p, delta, options: dict, capacity):
     if chosen.path == HOST:
         x, radius, back = module.to_numpy(p, delta)
         return back(*_module("numpy").exact(div, x, radius, **options))
+    if chosen.path == DEVICE_GRID:
+        return module.device_grid(div, p, scalar_delta(delta), sync=chosen.sync, **options)
     if chosen.path == DEVICE_TABLE:
         return module.device_table(div, p, scalar_delta(delta), sync=chosen.sync,
                                    size=capacity, **options)
@@ -266,6 +277,20 @@ def _why_not_host(p, delta) -> str | None:
         return "delta is on another device"
     if _torch().compiler.is_compiling():
         return "torch.compile is tracing the call"
+    return None
+
+
+def _why_not_device_grid(p, delta, *, logp: bool, log: bool) -> str | None:
+    """Why the grid cannot be read on p's device (None: it can)."""
+    if not _is_float_tensor(p):
+        return "p is not a floating-point tensor"
+    d = scalar_delta(delta)
+    if d is None or not is_positive(d):
+        return "delta is not one valid number (a radius per element takes the solver)"
+    if d < TABLE_DELTA_MIN:
+        return f"grids serve radii from {TABLE_DELTA_MIN:g} on (delta is {d:g})"
+    if not (logp and log) or p.dtype == _torch().float64:
+        return "grids serve log-edges of float32, bfloat16 and float16 log-probabilities"
     return None
 
 

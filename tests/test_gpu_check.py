@@ -121,10 +121,11 @@ def test_the_script_runs_shrunk_on_a_cpu(tmp_path):
     cuda = report["environment"]["device"] != "cpu"
 
     acc = s["accuracy"]
-    assert len(acc["rows"]) == 8 * 2 * 3 * 2  # divergences x calls x dtypes x paths
+    # divergences x calls x dtypes x paths, and the grid for log_bounds of float32 and bf16
+    assert len(acc["rows"]) == 8 * 2 * 3 * 2 + 8 * 2
     assert {r["div"] for r in acc["rows"]} == set(
         ["kl", "reverse_kl", "tv", "chi2", "neyman_chi2", "hellinger", "js", "alpha(a=0.5)"])
-    assert {r["path"] for r in acc["rows"]} == {"device-table", "device-solver"}
+    assert {r["path"] for r in acc["rows"]} == {"device-grid", "device-table", "device-solver"}
     for r in acc["rows"]:
         assert r["ok"], r
         if r["dtype"] == "float64":

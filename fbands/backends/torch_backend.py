@@ -1,15 +1,21 @@
-"""torch backend: the band on tensors, on any device, with at most one host synchronisation.
+"""torch backend: the band on tensors, on any device, with at most one host
+synchronisation (none on a device's loss path).
 
 Which way a call is computed is decided by :func:`fbands._dispatch.plan` (the table is in
-its docstring and in the docs' implementation notes); this module carries out the three
+its docstring and in the docs' implementation notes); this module carries out the four
 torch paths, and :func:`fbands._dispatch.compute` calls them:
 
-* ``device-table`` (a tensor and one scalar ``delta``: the usual call, on a GPU and on
-  the CPU alike): the interpolation tables of the (divergence, delta) pair
-  (:mod:`fbands.tables`), copied to the device once, are read with torch operations
-  (:mod:`fbands.tables.torch_reader`: bit fields, gathers and two Horner chains, a few
-  dozen elementwise kernels).  The elements the tables leave (rows marked exact,
-  ``log p < LP_CLOSED``) are solved in one of two ways.  Eagerly, one synchronisation
+* ``device-grid`` (log-edges of float32, bf16 or fp16 log-probabilities on a device other
+  than the CPU, one scalar ``delta``: a policy loss on a GPU): the grid of the pair
+  (:mod:`fbands.tables.grid`), a fixed graph of sixteen kernels with no host read
+  (:func:`device_grid`).
+
+* ``device-table`` (a tensor and one scalar ``delta``, not served by the grid: the usual
+  call on the CPU, and ratios or float64 on a GPU): the interpolation tables of the
+  (divergence, delta) pair (:mod:`fbands.tables`), copied to the device once, are read
+  with torch operations (:mod:`fbands.tables.torch_reader`: bit fields, gathers and two
+  Horner chains, a few dozen elementwise kernels).  The elements the tables leave (rows
+  marked exact, ``log p < LP_CLOSED``) are solved in one of two ways.  Eagerly, one synchronisation
   counts them (and, with ``check=True``, the invalid input), and the numpy backend solves
   them on the host (:func:`_fix_up_on_host`): a count and two small copies, where the
   fixed-count solver costs tens of thousands of kernel launches.  A radius's first call
@@ -84,7 +90,7 @@ from fbands.tables.cache import TABLES
 
 __all__ = [
     "MIN_CAPACITY", "NEWTON_STEPS", "ImplicitEdges", "TorchNamespace", "capacity",
-    "device_solver", "device_table", "to_numpy", "with_grad",
+    "device_grid", "device_solver", "device_table", "to_numpy", "with_grad",
 ]
 
 #: Newton steps per edge of the fixed-count solver.  Enough for every built-in divergence
@@ -226,6 +232,27 @@ def device_solver(div, p, delta, *, logp, invalid, check, log, probe: bool):
         x = TensorInputs(p, delta, logp=logp, invalid=invalid, check=check, probe=probe)
         lo, hi = solve_log_edges(div, x.inputs, tiny=x.tiny, at_one=x.at_one)
         return x.finish(lo, hi, log=log)
+
+
+def device_grid(div, p, d: float, *, logp, invalid, check, log, sync: bool):
+    """The ``device-grid`` path (log-edges of log-probabilities, ``logp`` and ``log``
+    true): every element read from the float32 grid of ``(div, d)``
+    (:mod:`fbands.tables.grid`) on ``p``'s device, a fixed graph of sixteen kernels with no
+    host read; ``check=True`` adds one, to validate.  (A divergence whose grid misses its
+    bound, none of the built-in ones, takes ``device-table`` instead, which waits for the
+    device when ``sync``.)"""
+    g = torch_reader.device_grid(div, d, "float32", p.device)
+    if g is None:
+        return device_table(div, p, d, logp=logp, invalid=invalid, check=check, log=log,
+                            sync=sync)
+    with torch.no_grad():
+        x = p.to(torch.float32)
+        if check and invalid == "raise":
+            bad, _ = invalid_masks(x, d, logp)
+            if bool(bad.any()):
+                raise_invalid(bad, x, False, d, logp)
+        lo, hi = torch_reader.read_grid(g, x)
+        return lo.to(p.dtype), hi.to(p.dtype)
 
 
 def device_table(div, p, d: float, *, logp, invalid, check, log, sync: bool, size=None):
