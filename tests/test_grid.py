@@ -171,3 +171,35 @@ def test_stored_grid_round_trips_and_a_damaged_one_is_refused(tmp_path, monkeypa
     archive = next(tmp_path.rglob("*.npz"))
     archive.write_bytes(archive.read_bytes()[:-7] + b"garbage")
     assert store.load_grid("k" * 64, "float32") is None
+
+
+def test_a_grid_read_while_a_cuda_graph_is_captured_outlives_eviction(monkeypatch):
+    """A captured graph replays reads of the grid's memory: the grid must not be freed when
+    later radii push it out of the cache (the capture is simulated: no GPU here)."""
+    from fbands.tables import torch_reader
+
+    div = get("tv")
+    monkeypatch.setattr(torch_reader, "_capturing", lambda device: True)
+    captured = torch_reader.device_grid(div, 0.05, "float32", torch.device("cpu"))
+    monkeypatch.setattr(torch_reader, "_capturing", lambda device: False)
+    monkeypatch.setattr(torch_reader, "_GRIDS", {("x", i): (None, None) for i in range(10**3)})
+    torch_reader.device_grid(div, 0.05, "float32", torch.device("cpu"))  # evicts the rest
+    assert len(torch_reader._GRIDS) <= 4 * TABLES.max_sets
+    key = ("tv", 0.05, "float32", torch.device("cpu"))
+    assert torch_reader._CAPTURED[key] is captured
+    assert not torch_reader._capturing(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("preset", ["band-kl", "band-tv", "band-mask-tv"])
+def test_precompute_band_of_a_divergence_on_a_device_reads_nothing_back(preset):
+    """The whole band of a batch as a GPU trainer computes it (a meta tensor stands in for
+    the GPU: any host read fails there): no sync, no upload, a few dozen ops."""
+    from fbands import losses as fl
+
+    logp, mask = torch.empty(8, 64, device="meta"), torch.ones(8, 64, device="meta")
+    cfg = fl.preset(preset)
+    fl.precompute_band(logp, cfg, mask=mask)  # the radius's grid reaches the device
+    with SyncDetector() as det:
+        band = fl.precompute_band(logp, cfg, mask=mask)
+    assert det.syncs == [] and det.uploads == [] and det.op_count <= 40, det.report()
+    assert band.log_lower.is_meta and band.log_upper.shape == (8, 64)

@@ -103,9 +103,22 @@ class DeviceGrid:
 
 
 #: Grids already on a device, by (divergence name, delta, dtype, device): as for
-#: :data:`_READY`, a plain dict read once an entry exists.  An entry holds its tensors, so
-#: a CUDA graph that captured a read keeps them alive.
+#: :data:`_READY`, a plain dict read once an entry exists; the oldest entries go first
+#: beyond ``4 * TABLES.max_sets``.
 _GRIDS: dict[tuple, tuple] = {}
+#: Grids read while a CUDA graph was captured: kept for the life of the process, since the
+#: graph replays reads of their memory (a few hundred kilobytes at most each).
+_CAPTURED: dict[tuple, DeviceGrid] = {}
+
+
+def _capturing(device) -> bool:
+    """Whether a CUDA graph is being captured on ``device``'s current stream (the
+    tensor's device, not the current one)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return False
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
 
 
 def device_grid(div, d: float, dtype: str, device) -> DeviceGrid | None:
@@ -114,20 +127,22 @@ def device_grid(div, d: float, dtype: str, device) -> DeviceGrid | None:
     :data:`.grid.FLOAT32_BOUND` (a user's divergence may not)."""
     key = (div.name, d, dtype, device)
     found = _GRIDS.get(key)
-    if found is not None and found[0] is div:
-        return found[1]
-    g = TABLES.grid(div, d, dtype)
-    out = None
-    if g is not None and (dtype != "float32" or g.worst <= grid.FLOAT32_BOUND):
-        exps = np.arange(grid.DEG + 1, dtype=g.bounds.dtype)
-        out = DeviceGrid(*(torch.from_numpy(a).to(device) for a in (g.bounds, g.rows, exps)))
-    while len(_GRIDS) >= 4 * TABLES.max_sets:
-        del _GRIDS[next(iter(_GRIDS))]
-    _GRIDS[key] = (div, out)
-    return out
+    if found is None or found[0] is not div:
+        g = TABLES.grid(div, d, dtype)
+        out = None
+        if g is not None and (dtype != "float32" or g.worst <= grid.FLOAT32_BOUND):
+            exps = np.arange(grid.DEG + 1, dtype=g.bounds.dtype)
+            out = DeviceGrid(*(torch.from_numpy(a).to(device)
+                               for a in (g.bounds, g.rows, exps)))
+        while len(_GRIDS) >= 4 * TABLES.max_sets:
+            del _GRIDS[next(iter(_GRIDS))]
+        found = _GRIDS[key] = (div, out)
+    if found[1] is not None and not torch.compiler.is_compiling() and _capturing(device):
+        _CAPTURED[key] = found[1]
+    return found[1]
 
 
 def read_grid(g: DeviceGrid, x):
-    """``(log lower, log upper)`` of the flat tensor ``x`` of log-probabilities (in the
-    grid's dtype, on its device): :func:`.grid.read_grid` in torch operations."""
+    """``(log lower, log upper)`` of the tensor ``x`` of log-probabilities (in the grid's
+    dtype, on its device, any shape): :func:`.grid.read_grid` in torch operations."""
     return grid.read_grid(g.bounds, g.rows, x, torch, g.exponents)
