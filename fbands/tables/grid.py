@@ -184,24 +184,26 @@ def _thresholds(div, delta, ft):
 
 
 def _cell_points(a: float, b: float, last: bool, ft):
-    """``(centre, scale, fit points, check points)`` of the cell ``[a, b)`` (``[a, 0]``
-    when ``last``).  A cell of few floats is fitted and checked on all of them; a wider
-    one on Chebyshev nodes, and checked on evenly spaced points."""
-    if last:  # (a scale beyond the dtype's range: the largest; u then spans less)
-        c, s = ft(0.0), ft(min(1.0 / -a, float(np.finfo(ft).max)))
-    else:
-        c, s = ft(0.5 * a + 0.5 * b), ft(min(2.0 / (b - a), float(np.finfo(ft).max)))
+    """``(centre, scale, true scale, fit points, check points)`` of the cell ``[a, b)``
+    (``[a, 0]`` when ``last``).  The scale is the true one rounded to the dtype, or its
+    largest float where the true one is beyond it (a cell of subnormal width); the
+    polynomials are fitted in the true coordinate, and rescaled to the stored one.  A
+    cell of few floats is fitted and checked on all of them; a wider one on Chebyshev
+    nodes, and checked on evenly spaced points."""
+    true = 1.0 / -a if last else 2.0 / (b - a)
+    c = ft(0.0) if last else ft(0.5 * a + 0.5 * b)
+    s = ft(min(true, float(np.finfo(ft).max)))
     n = _ordinal(b, ft) - _ordinal(a, ft) + (1 if last else 0)
     if n <= NODES + CHECKS:
         every = np.array([_from_ordinal(_ordinal(a, ft) + i, ft) for i in range(n)])
-        return c, s, every, every
+        return c, s, true, every, every
     lo_u, hi_u = (-1.0, 0.0) if last else (-1.0, 1.0)
     t = np.cos(np.pi * (np.arange(NODES) + 0.5) / NODES)
-    fit = float(c) + (lo_u + (t + 1.0) * 0.5 * (hi_u - lo_u)) / float(s)
+    fit = float(c) + (lo_u + (t + 1.0) * 0.5 * (hi_u - lo_u)) / true
     check = np.linspace(a, b, CHECKS)
     if not last:
         check[-1] = _from_ordinal(_ordinal(b, ft) - 1, ft)  # the cell's largest float
-    return c, s, np.clip(fit, a, b), check
+    return c, s, true, np.clip(fit, a, b), check
 
 
 def _fit(values, u, fixed0=None):
@@ -255,12 +257,12 @@ def build_grid(div, delta: float, dtype: str = "float32") -> Grid:
         xs = np.concatenate([np.concatenate((fit, chk)) for *_, fit, chk in cells])
         lo_all, hi_all = _exact(div, delta, xs)
         todo, at = [], 0
-        for a, b, c, s, fit, chk in cells:
+        for a, b, c, s, true, fit, chk in cells:
             nf, nc = len(fit), len(chk)
             both = slice(at, at + nf + nc)
             at += nf + nc
             lo_v, hi_v = lo_all[both], hi_all[both]
-            u = ((fit - float(c)) * float(s), (chk - float(c)) * float(s))
+            u = ((fit - float(c)) * true, (chk - float(c)) * true)
             last = b == 0.0
             c_lo, e_lo = _edge_row((lo_v[:nf], lo_v[nf:]), u, lo_v[-1] if last else None,
                                    b <= x_lo, -math.inf, ft, tol, floor)
@@ -268,7 +270,8 @@ def build_grid(div, delta: float, dtype: str = "float32") -> Grid:
                                    a >= x_hi, math.inf, ft, tol, floor, cap=-chk)
             m = float(ft(0.5 * a + 0.5 * b))
             if max(e_lo, e_hi) <= 1.0 or not a < m < b:
-                done.append((a, b, c, s, np.concatenate((c_lo, c_hi))))
+                rescale = (true / float(s)) ** np.arange(DEG + 1)  # (1 unless s was capped)
+                done.append((a, b, c, s, np.concatenate((c_lo * rescale, c_hi * rescale))))
             else:
                 todo += [(a, m), (m, b)]
         if len(done) + len(todo) > MAX_CELLS:
@@ -303,7 +306,7 @@ def _assemble(div, delta, done, ft, dtype) -> Grid:
 def _measure(div, delta, bounds, rows, done, ft) -> float:
     """Largest error of the rounded grid read in its dtype, over every cell's check
     points, in units of ``eps * max(|edge|, floor)``."""
-    x = np.concatenate([_cell_points(a, b, b == 0.0, ft)[3] for a, b, *_ in done])
+    x = np.concatenate([_cell_points(a, b, b == 0.0, ft)[4] for a, b, *_ in done])
     x = x.astype(ft)
     want_lo, want_hi = _exact(div, delta, x.astype(np.float64))
     exps = np.arange(DEG + 1, dtype=ft)
