@@ -11,6 +11,7 @@ out the plan, and wraps it for autograd when a tensor requires grad.
 from __future__ import annotations
 
 import importlib
+import math
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -280,12 +281,20 @@ def _why_not_host(p, delta) -> str | None:
     return None
 
 
+def _one_radius(delta) -> float | None:
+    """``delta`` as one valid radius held on the host, or None.  Compared, not passed to
+    ``math.isfinite``: under ``torch.compile`` a radius that changed between calls is a
+    symbolic float, which comparisons guard and ``math`` cannot read."""
+    d = scalar_delta(delta)
+    return d if d is not None and 0 < d < math.inf else None
+
+
 def _why_not_device_grid(p, delta, *, logp: bool, log: bool) -> str | None:
     """Why the grid cannot be read on p's device (None: it can)."""
     if not _is_float_tensor(p):
         return "p is not a floating-point tensor"
-    d = scalar_delta(delta)
-    if d is None or not is_positive(d):
+    d = _one_radius(delta)
+    if d is None:
         return "delta is not one valid number (a radius per element takes the solver)"
     if d < TABLE_DELTA_MIN:
         return f"grids serve radii from {TABLE_DELTA_MIN:g} on (delta is {d:g})"
@@ -300,8 +309,8 @@ def _why_not_device_table(p, delta) -> str | None:
         return "p is not a floating-point tensor"
     if p.is_meta:
         return "a meta tensor has no values to read the tables with"
-    d = scalar_delta(delta)
-    if d is None or not is_positive(d):
+    d = _one_radius(delta)
+    if d is None:
         return "delta is not one valid number (a radius per element takes the solver)"
     if d < TABLE_DELTA_MIN:
         return f"tables serve radii from {TABLE_DELTA_MIN:g} on (delta is {d:g})"

@@ -203,3 +203,28 @@ def test_precompute_band_of_a_divergence_on_a_device_reads_nothing_back(preset):
         band = fl.precompute_band(logp, cfg, mask=mask)
     assert det.syncs == [] and det.uploads == [] and det.op_count <= 40, det.report()
     assert band.log_lower.is_meta and band.log_upper.shape == (8, 64)
+
+
+@pytest.mark.slow
+def test_the_grid_compiles_fullgraph_in_seconds_and_takes_a_new_radius():
+    """torch.compile(fullgraph=True) of the band a GPU's loss reads traces a graph of a few
+    nodes (it was 31,000, two minutes on this machine); a radius whose grid an eager call
+    has built compiles anew and gives the eager call's edges."""
+    import time
+
+    x = torch.log(torch.rand(4096, generator=torch.Generator().manual_seed(0)))
+
+    def band(t, d):
+        return compute("log_edges", "kl", t, d, "torch", logp=True, check=False,
+                       path=DEVICE_GRID)
+
+    for d in (0.05, 0.08):
+        band(x, d)  # the radii's grids, built eagerly
+    compiled = torch.compile(band, fullgraph=True)
+    start = time.perf_counter()
+    compiled(x, 0.05)
+    assert time.perf_counter() - start < 120  # (about 3 s on 2 cores)
+    for d in (0.08, 0.05):
+        got, want = compiled(x, d), band(x, d)
+        for g_, w_ in zip(got, want, strict=True):
+            torch.testing.assert_close(g_, w_, rtol=G.FLOAT32_BOUND * EPS, atol=0)
