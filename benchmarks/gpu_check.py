@@ -56,8 +56,9 @@ Sections:
    ``torch.compile(fullgraph=True)``, at each size of section 4, in a child process with
    a time limit (``--compile-limit``, 90 s), killed with its compiler workers when the
    limit passes: a call that has not compiled in time is reported as "did not compile in
-   N s" (tv is not tried when kl did not compile: both trace the sync-free fix-up solver,
-   some 30,000 graph nodes).  Its throughput joins section 4's table.
+   N s" (tv is not tried when kl did not compile).  On CUDA the call reads the grid, a
+   graph of a few nodes; a CPU tensor's traced call takes the tables' sync-free fix-up
+   solver, some 30,000.  Its throughput joins section 4's table.
 
 ``--tiny`` (implied on a machine without CUDA) shrinks everything so that a CPU finishes
 in about two minutes: 1024 inputs per accuracy row, 4096 tokens of throughput, a 2-layer
@@ -688,7 +689,7 @@ def section_compiled(dev, args, clock: Clock) -> dict:
     items = [("kl", "log_bounds")] + ([] if args.tiny else [("tv", "log_bounds")])
     rows = []
     for div, call in items:
-        if rows and rows[-1]["result"] != "compiled":  # tv traces the same fix-up solver
+        if rows and rows[-1]["result"] != "compiled":  # (tv would take as long)
             rows.append({"n": args.n[0], "div": div, "call": call,
                          "result": "not tried: kl did not compile"})
             clock.say(f"compiled {div} {call}: not tried (kl did not compile)")
