@@ -34,6 +34,7 @@ EPS = float(np.finfo(F32).eps)
 
 
 def _grid_edges(name, x, delta):
+    TABLES.grid(get(name), delta, "float32")  # (else a radius's first eager call defers it)
     t = torch.as_tensor(np.asarray(x, F32))
     lo, hi = compute("log_edges", name, t, delta, "torch", logp=True, check=False,
                      path=DEVICE_GRID)
@@ -141,6 +142,27 @@ def test_a_gpu_tensor_plans_the_grid_and_other_calls_do_not():
     assert plan(div, x, 1e-9, logp=True, log=True).path != DEVICE_GRID  # below the tables'
 
 
+def test_a_radius_builds_its_grid_on_its_second_eager_call(tmp_path, monkeypatch):
+    """A radius met once (a delta schedule's) reads the tables, which build only the
+    cells its tokens reach; its second call builds the grid and reads it from then on."""
+    monkeypatch.setenv("FBANDS_CACHE_DIR", str(tmp_path))  # (no grid stored)
+    x = torch.log(torch.rand(4, 64, generator=torch.Generator().manual_seed(1)))
+    d = 0.0421
+    calls = []
+    for _ in range(3):
+        with SyncDetector() as det:
+            calls.append(compute("log_edges", "js", x, d, "torch", logp=True, check=False,
+                                 path=DEVICE_GRID))
+        calls[-1] = (*calls[-1], len(det.syncs))
+    tables = compute("log_edges", "js", x, d, "torch", logp=True, check=False,
+                     path="device-table")
+    assert torch.equal(calls[0][0], tables[0]) and torch.equal(calls[0][1], tables[1])
+    assert calls[0][2] >= 1 and calls[1][2] == 0 and calls[2][2] == 0  # (the tables wait)
+    assert torch.equal(calls[1][0], calls[2][0])
+    torch.testing.assert_close(calls[1][0], tables[0], rtol=G.FLOAT32_BOUND * EPS, atol=0)
+    assert not TABLES.grid_deferred(get("js"), d, "float32")
+
+
 def test_grid_read_is_a_small_sync_free_graph_even_on_meta():
     """The goal of issue 40: the warm band of a float32 tensor is a fixed graph of at most
     twenty aten ops and no host read; on a meta tensor (no values at all) as well."""
@@ -208,8 +230,8 @@ def test_precompute_band_of_a_divergence_on_a_device_reads_nothing_back(preset):
 @pytest.mark.slow
 def test_the_grid_compiles_fullgraph_in_seconds_and_takes_a_new_radius():
     """torch.compile(fullgraph=True) of the band a GPU's loss reads traces a graph of a few
-    nodes (it was 31,000, two minutes on this machine); a radius whose grid an eager call
-    has built compiles anew and gives the eager call's edges."""
+    nodes (it was 31,000, two minutes on this machine); a radius whose grid eager calls
+    have built compiles anew and gives the eager call's edges."""
     import time
 
     x = torch.log(torch.rand(4096, generator=torch.Generator().manual_seed(0)))
@@ -219,7 +241,8 @@ def test_the_grid_compiles_fullgraph_in_seconds_and_takes_a_new_radius():
                        path=DEVICE_GRID)
 
     for d in (0.05, 0.08):
-        band(x, d)  # the radii's grids, built eagerly
+        band(x, d)  # a radius's first eager call reads the tables,
+        band(x, d)  # its second builds the grid
     compiled = torch.compile(band, fullgraph=True)
     start = time.perf_counter()
     compiled(x, 0.05)

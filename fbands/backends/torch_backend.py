@@ -238,10 +238,14 @@ def device_grid(div, p, d: float, *, logp, invalid, check, log, sync: bool):
     """The ``device-grid`` path (log-edges of log-probabilities, ``logp`` and ``log``
     true): every element read from the float32 grid of ``(div, d)``
     (:mod:`fbands.tables.grid`) on ``p``'s device, a fixed graph of sixteen kernels with no
-    host read; ``check=True`` adds one, to validate.  (A divergence whose grid misses its
-    bound, none of the built-in ones, takes ``device-table`` instead, which waits for the
-    device when ``sync``.)"""
-    g = torch_reader.device_grid(div, d, "float32", p.device)
+    host read; ``check=True`` adds one, to validate.
+
+    A radius new to the process whose grid is not in the disk cache reads the tables on
+    its first eager call (``sync``: the cells its tokens reach, milliseconds, and one wait
+    for the device), and builds its grid on its second (a second or two, once per
+    machine): a delta schedule that moves every step never pays a build.  A divergence
+    whose grid misses its bound (none of the built-in ones) always reads the tables."""
+    g = torch_reader.device_grid(div, d, "float32", p.device, wait=not sync)
     if g is None:
         return device_table(div, p, d, logp=logp, invalid=invalid, check=check, log=log,
                             sync=sync)

@@ -92,22 +92,30 @@ class TableCache:
             return self._put(self._key(div, delta, layout_name),
                              TableSet.from_tables(div, delta, layout_name, found))
 
-    def grid(self, div, delta: float, dtype: str):
-        """The :class:`~.grid.Grid` of ``div`` at ``delta`` for ``dtype`` (``"float32"`` or
-        ``"float64"``): kept with the tables of the pair, loaded from the private cache when
-        an earlier process stored it, else built and stored; None where it cannot be built
-        (more cells than :data:`~.grid.MAX_CELLS`)."""
+    def grid(self, div, delta: float, dtype: str, *, wait: bool = True):
+        """The :class:`~.grid.Grid` of ``div`` at ``delta`` for ``dtype``: kept with the
+        tables of the pair, loaded from the private cache when an earlier process stored
+        it, else built (a second or two) and stored; None where it cannot be built (more
+        cells than :data:`~.grid.MAX_CELLS`).  ``wait=False``: the first request for a
+        grid neither held nor stored returns None at once (:meth:`grid_deferred` then
+        says so), and the next request builds it, so that a radius met once (a delta
+        schedule's) costs no build."""
         from fbands.tables.grid import GRIDS, build_grid
 
         key = self._key(div, delta, dtype)
         self.table_set(div, delta, dtype)  # (the set the grid is kept with)
         with self._lock:
-            found = self._derived.setdefault(key, {}).get("grid")
+            derived = self._derived.setdefault(key, {})
+            found = derived.get("grid")
         if found is not None:
             return found or None
         k = store.key(repr(div.derivation), delta, f"grid {dtype} {sorted(GRIDS[dtype].items())}")
         found = store.load_grid(k, dtype)
         if found is None:
+            with self._lock:
+                if not wait and not derived.get("grid_deferred"):
+                    derived["grid_deferred"] = True
+                    return None
             _notice.notice(f"building the band grid of divergence {div.name!r} at "
                            f"delta={float(delta):g} ({dtype}), once per machine (later runs "
                            "load it from the disk cache): this may take seconds")
@@ -118,8 +126,16 @@ class TableCache:
             else:
                 store.store_grid(k, found)
         with self._lock:
-            self._derived.setdefault(key, {})["grid"] = found
+            derived["grid"] = found
+            derived.pop("grid_deferred", None)
         return found or None
+
+    def grid_deferred(self, div, delta: float, dtype: str) -> bool:
+        """Whether a request with ``wait=False`` put off building this grid, and none has
+        been built since."""
+        with self._lock:
+            derived = self._derived.get(self._key(div, delta, dtype), {})
+            return bool(derived.get("grid_deferred")) and "grid" not in derived
 
     def on_device(self, div, delta: float, layout_name: str, log: bool, table: Table,
                   device, to_device):

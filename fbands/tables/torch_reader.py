@@ -121,14 +121,17 @@ def _capturing(device) -> bool:
         return torch.cuda.is_current_stream_capturing()
 
 
-def device_grid(div, d: float, dtype: str, device) -> DeviceGrid | None:
-    """The grid of ``div`` at ``d`` for ``dtype`` on ``device`` (built, or loaded from the
-    disk cache, on the first call of the process); None where no grid meets
-    :data:`.grid.FLOAT32_BOUND` (a user's divergence may not)."""
+def device_grid(div, d: float, dtype: str, device, *, wait: bool = True) -> DeviceGrid | None:
+    """The grid of ``div`` at ``d`` for ``dtype`` on ``device`` (loaded from the disk
+    cache, or built, on the first call of the process); None where no grid meets
+    :data:`.grid.FLOAT32_BOUND` (a user's divergence may not), or, with ``wait=False``,
+    on a radius's first call when no grid is stored (:meth:`.cache.TableCache.grid`)."""
     key = (div.name, d, dtype, device)
     found = _GRIDS.get(key)
     if found is None or found[0] is not div:
-        g = TABLES.grid(div, d, dtype)
+        g = TABLES.grid(div, d, dtype, wait=wait)
+        if g is None and TABLES.grid_deferred(div, d, dtype):
+            return None  # (not remembered: the next call builds it)
         out = None
         if g is not None and (dtype != "float32" or g.worst <= grid.FLOAT32_BOUND):
             exps = np.arange(grid.DEG + 1, dtype=g.bounds.dtype)
