@@ -7,7 +7,7 @@ torch paths, and :func:`fbands._dispatch.compute` calls them:
 
 * ``device-grid`` (log-edges of float32, bf16 or fp16 log-probabilities on a device other
   than the CPU, one scalar ``delta``: a policy loss on a GPU): the grid of the pair
-  (:mod:`fbands.tables.grid`), a fixed graph of sixteen kernels with no host read
+  (:mod:`fbands.tables.grid`), a fixed graph of seventeen kernels with no host read
   (:func:`device_grid`).
 
 * ``device-table`` (a tensor and one scalar ``delta``, not served by the grid: the usual
@@ -237,7 +237,7 @@ def device_solver(div, p, delta, *, logp, invalid, check, log, probe: bool):
 def device_grid(div, p, d: float, *, logp, invalid, check, log, sync: bool):
     """The ``device-grid`` path (log-edges of log-probabilities, ``logp`` and ``log``
     true): every element read from the float32 grid of ``(div, d)``
-    (:mod:`fbands.tables.grid`) on ``p``'s device, a fixed graph of sixteen kernels with no
+    (:mod:`fbands.tables.grid`) on ``p``'s device, a fixed graph of seventeen kernels with no
     host read; ``check=True`` adds one, to validate.
 
     A radius new to the process whose grid is not in the disk cache reads the tables on

@@ -99,7 +99,7 @@ def read_grid(bounds, rows, x, xp: Any, exponents):
     """``(log lower, log upper)`` of the array ``x`` of log-probabilities (in the grid's
     dtype, any shape) from a grid's ``bounds`` and ``rows`` (arrays of ``x``'s library and
     device; ``exponents``: ``0, 1, ..., DEG`` as an array of the dtype).  ``xp`` is numpy
-    or torch: the same sixteen operations, one kernel each on a device, no host read."""
+    or torch: the same seventeen operations, one kernel each on a device, no host read."""
     if xp is np:
         k = np.searchsorted(bounds, x, side="right")
         xc = np.maximum(x, bounds[0])
@@ -189,7 +189,7 @@ def _cell_points(a: float, b: float, last: bool, ft):
     largest float where the true one is beyond it (a cell of subnormal width); the
     polynomials are fitted in the true coordinate, and rescaled to the stored one.  A
     cell of few floats is fitted and checked on all of them; a wider one on Chebyshev
-    nodes, and checked on evenly spaced points."""
+    nodes, and checked on evenly spaced floats of the dtype."""
     true = 1.0 / -a if last else 2.0 / (b - a)
     c = ft(0.0) if last else ft(0.5 * a + 0.5 * b)
     s = ft(min(true, float(np.finfo(ft).max)))
@@ -200,7 +200,7 @@ def _cell_points(a: float, b: float, last: bool, ft):
     lo_u, hi_u = (-1.0, 0.0) if last else (-1.0, 1.0)
     t = np.cos(np.pi * (np.arange(NODES) + 0.5) / NODES)
     fit = float(c) + (lo_u + (t + 1.0) * 0.5 * (hi_u - lo_u)) / true
-    check = np.linspace(a, b, CHECKS)
+    check = np.linspace(a, b, CHECKS).astype(ft).astype(np.float64)  # (the dtype's floats)
     if not last:
         check[-1] = _from_ordinal(_ordinal(b, ft) - 1, ft)  # the cell's largest float
     return c, s, true, np.clip(fit, a, b), check
@@ -220,15 +220,20 @@ def _fit(values, u, fixed0=None):
 def _edge_row(values, u, fixed0, saturated, fill, ft, tol, floor, cap=None):
     """Coefficients of one edge on one cell and its error over the tolerance (at most 1:
     accepted).  ``saturated``: the edge is ``fill`` (the constant -inf or +inf) on the
-    whole cell; ``cap``: the reader takes ``min(polynomial, cap)``."""
+    whole cell; ``cap``: the reader takes ``min(polynomial, cap)``.  (The exact solver's
+    choice between a saturated upper edge and a root one float64 ulp below it is noise
+    at the grid's tolerance: a saturated row is checked against it within tolerance.)"""
     fit_v, chk_v = values
     fit_u, chk_u = u
-    if saturated:
+    if saturated:  # lower: beyond the dtype's range; upper: -x within the tolerance
         coef = np.zeros(DEG + 1)
         coef[0] = fill
-        with np.errstate(over="ignore"):  # (a lower edge beyond the dtype's range)
-            want = np.asarray(chk_v, ft) if cap is None else chk_v
-        return coef, (0.0 if np.all(want == (fill if cap is None else cap)) else math.inf)
+        if cap is None:
+            below = np.all(chk_v <= float(np.finfo(ft).min) * OVERFLOW)
+            return coef, 0.0 if below else math.inf
+        with np.errstate(invalid="ignore"):
+            err = np.abs(chk_v - cap) / (tol * np.maximum(np.abs(chk_v), floor))
+        return coef, float(np.max(np.where(np.isnan(err), math.inf, err)))
     if not (np.all(np.isfinite(fit_v)) and np.all(np.isfinite(chk_v))):
         return np.zeros(DEG + 1), math.inf
     coef = _fit(fit_v, fit_u, fixed0)
@@ -322,5 +327,6 @@ def _measure(div, delta, bounds, rows, done, ft) -> float:
                                np.sign(want) * math.inf, want)
             err = np.where(got == rounded, 0.0,
                            np.abs(got - want) / (eps * np.maximum(np.abs(want), floor)))
-        worst = max(worst, float(np.nanmax(err)))
+        err = np.where(np.isnan(got) & np.isnan(want), 0.0, err)
+        worst = max(worst, float(np.max(np.where(np.isnan(err), math.inf, err))))
     return worst
