@@ -30,6 +30,10 @@ Experiments (``--only`` picks some):
     so that the rewarded first word "Yes" is a real tail token: held-out log P(Yes).
 ``S``
     SmolLM2-135M, ``sum`` free-form: reward, pass@1 / pass@8 and entropy.
+``E1``, ``E2``, ``E3``
+    band against Clip-Higher on the toy, in the regime of one PPO epoch, and from more
+    than one warm start: the runs and their analysis plan are in ``controls.py``.  E2 and
+    E3 run the Clip-Higher width that E1's selection seeds chose.
 
 Run, one process per core (``--jobs``, default 2), nothing else on the machine::
 
@@ -50,6 +54,8 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
+
+import controls
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "claims"
@@ -119,11 +125,24 @@ def experiments(seeds: int = 10, real_seeds: int = 3) -> dict[str, list[dict]]:
                                                             eval_every=1))
              for exp in ("T", "S") for r in real[exp] if r["seed"] == 0]
     return {"pilot": pilot, "T": real["T"], "width": width, "addition": addition,
-            "S": real["S"], "two": two, "dose": dose, "S-gpu": real["S-gpu"]}
+            "S": real["S"], "two": two, "dose": dose, "S-gpu": real["S-gpu"],
+            "E1": controls.e1_runs(), "E2": [], "E3": []}
+
+
+def _controls(name: str, results: Path) -> list[dict]:
+    """E2's or E3's runs, with the Clip-Higher that E1's selection seeds chose at 0.06."""
+    e1 = load(results).get("E1", [])
+    try:
+        selected = controls.select_clip_higher(e1, 0.06)
+    except ValueError as err:
+        raise SystemExit(f"{name} runs E1's choice of Clip-Higher, not made yet: {err}; "
+                         "run E1 first") from None
+    print(f"== {name}: E1's selection seeds chose {selected}", flush=True)
+    return controls.e2_runs(selected) if name == "E2" else controls.e3_runs(selected)
 
 
 #: what ``run`` does by default: everything that a CPU machine can run
-CPU_EXPERIMENTS = ("pilot", "T", "width", "addition", "S", "two", "dose")
+CPU_EXPERIMENTS = ("pilot", "T", "width", "addition", "S", "two", "dose", "E1", "E2", "E3")
 
 
 # --- running ------------------------------------------------------------------------------
@@ -197,11 +216,18 @@ def _warm(spec: dict, work: Path) -> None:
 
 def run(names: list[str], jobs: int, seeds: int, real_seeds: int, results: Path,
         work: Path, scale: str = "full") -> None:
+    from fbands.rl.config import TrainConfig
+
     plan = experiments(seeds, real_seeds)
     if scale == "tiny":
         plan = {e: [dict(s, config=dict(s["config"], **TINY)) for s in specs]
                 for e, specs in plan.items()}
     for experiment in names:
+        if experiment in ("E2", "E3"):
+            plan[experiment] = _controls(experiment, results)
+            if scale == "tiny":
+                plan[experiment] = [dict(s, config=dict(s["config"], **TINY))
+                                    for s in plan[experiment]]
         todo = [s for s in plan[experiment]
                 if not (results / experiment / f"{s['name']}.json").is_file()]
         done = len(plan[experiment]) - len(todo)
@@ -210,9 +236,7 @@ def run(names: list[str], jobs: int, seeds: int, real_seeds: int, results: Path,
             continue
         warm_keys = {}
         for s in todo:  # one warm start per distinct set-up, serially
-            key = json.dumps({k: v for k, v in s["config"].items()
-                              if k not in ("seed", "loss", "delta", "eps_low", "eps_high")},
-                             sort_keys=True)
+            key = TrainConfig(**s["config"]).warm_start_key()
             warm_keys.setdefault(key, s)
         for s in warm_keys.values():
             _warm(s, work)

@@ -25,7 +25,7 @@ def test_the_plan_pairs_every_loss_on_the_same_seeds():
             by_family.setdefault((r["family"], r["width"] if name == "dose" else None),
                                  set()).add(r["seed"])
         seeds = {frozenset(s) for s in by_family.values()}
-        assert len(seeds) == 1, name  # every loss (at a given tail share) sees the same seeds
+        assert len(seeds) == (1 if runs else 0), name  # every loss: same seeds
     assert len(plan["width"]) == 100 and len(plan["T"]) == 9 and len(plan["S"]) == 6
     t = plan["T"][0]["config"]
     assert t["verify_true_share"] == 1.0 and t["lora_rank"] == 0 and t["minibatches"] == 4

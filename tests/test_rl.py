@@ -87,6 +87,26 @@ def test_tail_rewarded_option_and_its_warm_start_key(tmp_path):
         small(tmp_path, tail_rewarded="rotate").validate()
 
 
+def test_tail_held_out_prompts_are_never_trained_on(tmp_path):
+    split = make_task(small(tmp_path, tail_held_out=0.2).validate())
+    whole = TailTask()
+    pool = {p.text for p in split.eval_pool()}
+    assert 0.1 * 336 < len(pool) < 0.3 * 336 and pool < {p.text for p in whole.eval_pool()}
+    rng = np.random.default_rng(3)
+    trained = {p.text for p in split.prompts(rng, 4000)}
+    warm = {text for text, _ in split.sft_examples(rng, 4000)}
+    assert trained == warm == {p.text for p in whole.eval_pool()} - pool  # all the rest
+    held = split.prompts(np.random.default_rng(0), 500, split="eval")
+    assert {p.text for p in held} == pool and len(held) == len(pool)
+    # no split by default: the warm start draws what it always drew
+    a, b = np.random.default_rng(5), np.random.default_rng(5)
+    assert whole.sft_examples(a, 200) == TailTask(held_out=0.0).sft_examples(b, 200)
+    assert (small(tmp_path, tail_held_out=0.2).warm_start_key()
+            != small(tmp_path).warm_start_key())
+    with pytest.raises(ConfigError, match="tail_held_out"):
+        small(tmp_path, tail_held_out=1.0).validate()
+
+
 @pytest.mark.parametrize("task", [TailTask(), TailTask(0.06, 5, "reverse+rotate"),
                                   AdditionTask(), AdditionTask(1, 1)],
                          ids=["tail", "tail5", "add", "add1"])

@@ -8,7 +8,6 @@ name of this module; import them from there.
 
 from __future__ import annotations
 
-import hashlib
 import re
 
 import numpy as np
@@ -52,17 +51,12 @@ class ChatTask(Task):
     ('The answer is 12.', 1.0, False)
     """
 
-    has_split = True
     held_out_share = 0.2
     exact_match = False
 
     def _held_out_pool(self, prompts) -> list[Prompt]:
         """The prompts of ``prompts`` that belong to the evaluation split."""
         return [p for p in prompts if self.held_out(p)]
-
-    def held_out(self, prompt):
-        digest = hashlib.sha256(prompt.text.encode()).digest()
-        return digest[0] < self.held_out_share * 256
 
     @staticmethod
     def parse(completion: str) -> tuple[int, int] | None:

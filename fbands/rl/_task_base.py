@@ -9,6 +9,7 @@ a pretrained chat model); import every name from :mod:`fbands.rl.tasks`.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from dataclasses import dataclass
 
@@ -36,8 +37,14 @@ class Task:
     #: whether the reward needs the end token right after :meth:`rewarded_text` (exact
     #: match); False for a task whose reward reads a prefix or parses free text
     exact_match: bool = True
-    #: whether :meth:`held_out` splits the prompts
-    has_split = False
+    #: share of the prompts (by a hash of the text) that :meth:`held_out` keeps for
+    #: evaluation; 0 (the default): no split, evaluation draws from the training prompts
+    held_out_share: float = 0.0
+
+    @property
+    def has_split(self) -> bool:
+        """Whether :meth:`held_out` splits the prompts."""
+        return self.held_out_share > 0
 
     def prompt(self, rng: np.random.Generator) -> Prompt:
         """Draw one prompt."""
@@ -48,8 +55,11 @@ class Task:
         raise NotImplementedError
 
     def held_out(self, prompt: Prompt) -> bool:
-        """Whether ``prompt`` belongs to the evaluation split (no split by default)."""
-        return False
+        """Whether ``prompt`` belongs to the evaluation split: the first byte of the SHA-256
+        of its text falls below ``held_out_share * 256`` (never, by default).  A held-out
+        prompt is drawn neither for RL training nor for the warm start."""
+        digest = hashlib.sha256(prompt.text.encode()).digest()
+        return digest[0] < self.held_out_share * 256
 
     def label(self, prompt: Prompt) -> str | None:
         """The class of ``prompt`` that the evaluation draw balances, or None for a task
@@ -173,9 +183,10 @@ class Task:
     def sft_examples(self, rng: np.random.Generator, n: int) -> list[tuple[str, str]]:
         """Draw ``n`` (prompt text, answer text) pairs for the supervised warm start."""
         out = []
-        for _ in range(n):
+        while len(out) < n:  # a prompt, then its answer: the draws of the original order
             prompt = self.prompt(rng)
-            out.append((prompt.text, self.sft_answer(prompt, rng)))
+            if not self.held_out(prompt):
+                out.append((prompt.text, self.sft_answer(prompt, rng)))
         return out
 
     @staticmethod

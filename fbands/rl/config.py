@@ -50,6 +50,9 @@ HELP = {
     "tail_rewarded": f"tail task: answers that earn reward 1, one of {TAIL_REWARDED} (the "
                      "rare reversal alone, or it and the more common rotation); the warm "
                      "start is the same for both",
+    "tail_held_out": "tail task: share of the prompts (by a hash of the text) kept for "
+                     "evaluation only, never trained on, warm start included; 0: no split "
+                     "(evaluation prompts are distinct but also drawn for training)",
     "verify_true_share": "verify task: share of true statements in [0, 1] (1: every "
                          "statement is true); the held-out draw is balanced between true "
                          "and false whatever the share",
@@ -161,6 +164,7 @@ class TrainConfig:
     tail_share: float = 0.06  # tail task: warm-start share of the rewarded answers
     tail_length: int = 3  # tail task: letters per prompt
     tail_rewarded: str = "reverse"  # tail task: one of TAIL_REWARDED
+    tail_held_out: float = 0.0  # tail task: share of prompts kept for evaluation only
     verify_true_share: float = 0.75  # verify task: probability that a statement is true
     add_digits_min: int = 2  # addition task: operand digits
     add_digits_max: int = 3
@@ -299,6 +303,7 @@ class TrainConfig:
         need(self.prompts_per_step * self.group_size >= self.minibatches, "minibatches",
              "must not exceed prompts_per_step * group_size")
         finite("tail_share", 0.0, 0.5, open_low=True)
+        finite("tail_held_out", 0.0, 0.9)
         finite("verify_true_share", 0.0, 1.0)
         finite("temperature", 0.0, open_low=True)
         finite("lr", 0.0, open_low=True)
@@ -426,6 +431,8 @@ class TrainConfig:
             keys += ("chat_template", "system_prompt", "lora_rank", "lora_alpha")
         if self.task == "verify":  # the mix of statements it shows (other keys unchanged)
             keys += ("verify_true_share",)
+        if self.task == "tail" and self.tail_held_out:  # the prompts it shows
+            keys += ("tail_held_out",)
         # tail_rewarded is left out on purpose: the warm start shows the same mix of
         # answers whatever is rewarded, so both settings share (and reuse) one cache file
         blob = json.dumps({k: getattr(self, k) for k in keys} | {"version": 1}, sort_keys=True)

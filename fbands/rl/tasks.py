@@ -19,6 +19,8 @@ are built in for the tiny model:
     therefore starts with the reversal's first letter as a tail token (probability about
     ``tail_share``): the situation where a fixed ratio clip lets that probability grow by
     at most a factor ``1 + eps`` per batch and a band lets it grow more.
+    With ``tail_held_out`` > 0 that share of the prompts is never trained on (warm start
+    included), so that evaluation measures whether the reversal generalises.
 ``addition``
     ``"23+456="`` with answer ``"479"``: exact-match multi-token arithmetic on operands of
     ``add_digits_min`` to ``add_digits_max`` digits.  The warm start shows correct sums; a
@@ -109,6 +111,10 @@ class TailTask(Task):
         The answers that earn reward 1: the reversal only, or the reversal and the rotation.
         The warm start is the same either way.  With ``length=2`` the rotation and the
         reversal are the same word.
+    held_out : float
+        Share of the prompts kept for evaluation only (by a hash of the text; see
+        :meth:`Task.held_out`), never drawn for training or the warm start.  0 (the
+        default) keeps no split: evaluation prompts are distinct but also trained on.
 
     Example
     -------
@@ -126,9 +132,13 @@ class TailTask(Task):
     #: share of the rotation in warm-start examples (the rest after ``share`` is the copy)
     rotate_share = 0.20
 
-    def __init__(self, share: float = 0.06, length: int = 3, rewarded: str = "reverse"):
+    def __init__(self, share: float = 0.06, length: int = 3, rewarded: str = "reverse",
+                 held_out: float = 0.0):
         if rewarded not in TAIL_REWARDED:
             raise ValueError(f"rewarded={rewarded!r}: must be one of {TAIL_REWARDED}")
+        if not 0.0 <= held_out < 1.0:
+            raise ValueError(f"held_out={held_out!r}: must be in [0, 1)")
+        self.held_out_share = held_out
         self.share = share
         self.length = length
         self.rewarded = rewarded
@@ -141,9 +151,11 @@ class TailTask(Task):
         return Prompt(word + ">", word[::-1])
 
     def eval_pool(self):
-        # every ordered choice of distinct letters (336 for 3 letters, 40320 for 8)
-        return [Prompt("".join(w) + ">", "".join(w)[::-1])
-                for w in itertools.permutations(TAIL_LETTERS, self.length)]
+        # every ordered choice of distinct letters (336 for 3 letters, 40320 for 8), or
+        # those of the held-out split
+        every = (Prompt("".join(w) + ">", "".join(w)[::-1])
+                 for w in itertools.permutations(TAIL_LETTERS, self.length))
+        return [p for p in every if self.held_out(p) or not self.has_split]
 
     def sft_answer(self, prompt, rng):
         word = prompt.text[:-1]
@@ -216,7 +228,7 @@ class AdditionTask(Task):
 def make_task(cfg) -> Task:
     """The task named by ``cfg.task`` with its options from the config."""
     if cfg.task == "tail":
-        return TailTask(cfg.tail_share, cfg.tail_length, cfg.tail_rewarded)
+        return TailTask(cfg.tail_share, cfg.tail_length, cfg.tail_rewarded, cfg.tail_held_out)
     if cfg.task == "addition":
         return AdditionTask(cfg.add_digits_min, cfg.add_digits_max)
     if cfg.task == "verify":

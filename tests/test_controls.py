@@ -1,0 +1,109 @@
+"""The band-against-Clip-Higher controls (benchmarks/controls.py): plan, selection, tests."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+pytest.importorskip("scipy")
+controls = pytest.importorskip("controls")
+
+
+def fake(family, seed, accuracy, steps=40, **width):
+    rows = [{"step": s, "accuracy": a} for s, a in enumerate(accuracy, 1)]
+    return {"family": family, "seed": seed, "width": width, "config": {"steps": steps},
+            "rows": rows}
+
+
+def e1_results(score):
+    """Fake E1 runs at share 0.06 whose accuracy is ``score(family, seed)`` at every step."""
+    return [fake(f, s, [score(f, s)] * 3, share=0.06) for f in controls.E1_LOSSES
+            for s in controls.SELECT_SEEDS + controls.TEST_SEEDS]
+
+
+def test_the_plan_runs_every_loss_on_the_same_fresh_seeds():
+    from fbands.rl.config import TrainConfig
+
+    e1 = controls.e1_runs()
+    assert len(e1) == len(controls.E1_LOSSES) * 2 * 20 == 360
+    assert len({r["name"] for r in e1}) == len(e1)
+    for share in controls.SHARES:
+        seeds = {}
+        for r in e1:
+            if r["width"]["share"] == share:
+                seeds.setdefault(r["family"], set()).add(r["seed"])
+        assert all(s == set(range(10, 30)) for s in seeds.values())
+    assert set(controls.SELECT_SEEDS).isdisjoint(controls.TEST_SEEDS)
+    assert {r["config"]["tail_held_out"] for r in e1} == {0.2}
+    e2, e3 = controls.e2_runs("ch-1.2"), controls.e3_runs("ch-1.2")
+    assert len(e2) == 2 * 3 * 10 * 3 and len(e3) == 4 * 10 * 3
+    assert {r["family"] for r in e2} == {"clip", "band-kl", "ch-1.2"}
+    assert {r["config"]["warm_start_seed"] for r in e3} == {1, 2, 3, 4}
+    for r in e1[:len(controls.E1_LOSSES)] + e2[:9] + e3[:3]:  # every loss's config is valid
+        TrainConfig(**r["config"], run_dir="runs/x").validate()
+
+
+def test_selection_reads_only_the_selection_seeds():
+    def score(family, seed):  # ch-0.6 best on selection seeds, ch-4 on the test seeds
+        if family == "ch-0.6" and seed in controls.SELECT_SEEDS:
+            return 0.9
+        if family == "ch-4" and seed in controls.TEST_SEEDS:
+            return 1.0
+        return 0.5
+
+    runs = e1_results(score)
+    assert controls.select_clip_higher(runs, 0.06) == "ch-0.6"
+    # whatever the test seeds hold, the choice stays
+    scrambled = [dict(r, rows=[{"step": 1, "accuracy": 1.0 - i / 1000}])
+                 if r["seed"] in controls.TEST_SEEDS else r for i, r in enumerate(runs)]
+    assert controls.select_clip_higher(scrambled, 0.06) == "ch-0.6"
+    # ties go to the smaller upper edge; a missing selection seed is an error
+    assert controls.select_clip_higher(e1_results(lambda f, s: 0.5), 0.06) == "ch-0.28"
+    gap = [r for r in runs if not (r["family"] == "ch-2" and r["seed"] == 12)]
+    with pytest.raises(ValueError, match="ch-2 .* lacks selection seeds \\[12\\]"):
+        controls.select_clip_higher(gap, 0.06)
+
+
+def test_primary_family_tests_band_against_the_selected_clip_on_test_seeds_only():
+    def score(family, seed):
+        if seed in controls.SELECT_SEEDS:
+            return 0.9 if family == "ch-1.2" else 0.5
+        return {"band-kl": 0.7, "ch-1.2": 0.6 + 0.01 * (seed % 3)}.get(family, 0.4)
+
+    tests = controls.primary_family({"E1": e1_results(score)})
+    ch = tests["E1 share 0.06: band - best Clip-Higher"]
+    assert ch["n"] == len(controls.TEST_SEEDS)
+    expected = [0.7 - (0.6 + 0.01 * (s % 3)) for s in controls.TEST_SEEDS]
+    assert ch["values"] == pytest.approx(expected)
+    assert tests["E1 share 0.03: band - clip 0.2"] is None  # no runs at 0.03
+    assert set(tests) == set(controls.PRIMARY)
+
+
+def test_paired_t_test_and_holm_against_independent_values():
+    from scipy import stats
+
+    diffs = [0.3, -0.1, 0.25, 0.4, 0.05, 0.2]
+    test = controls.paired_test(diffs)
+    ref = stats.ttest_1samp(diffs, 0.0)
+    assert test["p"] == pytest.approx(ref.pvalue, rel=1e-12)
+    ci = ref.confidence_interval(0.95)
+    assert (test["lo"], test["hi"]) == pytest.approx((ci.low, ci.high), rel=1e-12)
+    # Holm by hand: sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1, kept non-decreasing
+    adjusted = controls.holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.005})
+    assert adjusted == pytest.approx({"d": 0.02, "a": 0.03, "c": 0.06, "b": 0.06})
+    assert controls.verdict(test, 0.01) == "band better"
+    assert controls.verdict(dict(test, mean=-1.0), 0.01) == "band worse"
+    assert controls.verdict(test, 0.2) == "no difference shown"
+
+
+def test_endpoints():
+    run = fake("clip", 0, [0.5, 0.85, 0.7], steps=3)
+    assert controls.mean_accuracy(run) == pytest.approx(2.05 / 3)
+    assert controls.steps_to(run) == 2
+    assert controls.steps_to(fake("clip", 0, [0.5, 0.6], steps=40)) == 41  # never: steps + 1
+    run["rows"][0]["kl/update"] = 0.02
+    assert controls.step1("kl/update")(run) == 0.02
