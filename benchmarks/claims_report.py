@@ -13,6 +13,7 @@ import math
 import statistics
 from pathlib import Path
 
+import controls_report
 import numpy as np
 
 TARGET = 0.8
@@ -556,6 +557,7 @@ def write_report(results: dict[str, list[dict]], out_dir: Path, machine: str) ->
     for name in ("dose", "two", "addition"):
         if name in results:
             body += toy_pair_section(name, results[name], verdicts) + [""]
+    body += controls_report.section(results)
     groups = {f"{exp} (SmolLM2-135M)": results[exp] for exp in ("T", "S") if exp in results}
     if "width" in results:
         groups["width control, clip 0.2 and band-kl 0.05"] = [

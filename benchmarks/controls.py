@@ -224,3 +224,9 @@ PRIMARY = ("E1 share 0.03: band - clip 0.2", "E1 share 0.03: band - best Clip-Hi
            "E1 share 0.06: band - clip 0.2", "E1 share 0.06: band - best Clip-Higher",
            "E2 1 epoch, lr 0.0001: band - Clip-Higher", "E2 1 epoch, lr 0.0003: band - Clip-Higher",
            "E2 1 epoch, lr 0.001: band - Clip-Higher")
+
+
+def pooled(means: list[float]) -> dict | None:
+    """E3's pooled estimate: the mean of per-warm-start mean differences, with a t-interval
+    over warm starts (they, not seeds, are the independent replicates)."""
+    return paired_test(means)

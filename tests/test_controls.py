@@ -107,3 +107,22 @@ def test_endpoints():
     assert controls.steps_to(fake("clip", 0, [0.5, 0.6], steps=40)) == 41  # never: steps + 1
     run["rows"][0]["kl/update"] = 0.02
     assert controls.step1("kl/update")(run) == 0.02
+
+
+def test_the_report_holds_the_primary_family_with_holm():
+    report = pytest.importorskip("controls_report")
+
+    def score(family, seed):
+        if seed in controls.SELECT_SEEDS:
+            return 0.9 if family == "ch-2" else 0.5
+        return 0.8 + 0.01 * (seed % 4) if family == "band-kl" else 0.5
+
+    rows = report.primary_rows({"E1": e1_results(score)})
+    by = {name: (test, adjusted, verdict) for name, test, adjusted, verdict in rows}
+    test, adjusted, verdict = by["E1 share 0.06: band - best Clip-Higher"]
+    assert test["n"] == 10 and verdict == "band better"
+    # five pending tests count as p = 1: Holm multiplies the smallest p by 7
+    assert adjusted == pytest.approx(min(1.0, 7 * min(t["p"] for t, _, _ in by.values() if t)))
+    assert by["E2 1 epoch, lr 0.001: band - Clip-Higher"][2] == "pending"
+    text = "\n".join(report.section({"E1": e1_results(score)}))
+    assert "| ch-2 (selected) |" in text and "Selected Clip-Higher: ch-2." in text
