@@ -29,12 +29,19 @@ BAND_PREFIXES = (("band-mask-", "band_mask"), ("band-gppo-", "band_gppo"), ("ban
 def fields(name: str) -> dict | None:
     """The fields of preset ``name`` (a new dict), or None when it names no preset.  In a
     band preset's divergence a dash stands for an underscore (``band-reverse-kl``); a
-    family's parameters keep theirs (``band-alpha(a=-1)``)."""
+    family's parameters keep theirs (``band-alpha(a=-1)``).  Several divergences joined by
+    ``&`` intersect their bands (``band-kl&reverse-kl``)."""
     if name in PRESETS:
         return dict(PRESETS[name])
     for prefix, method in BAND_PREFIXES:
         if name.startswith(prefix) and len(name) > len(prefix):
-            head, paren, params = name[len(prefix):].partition("(")
-            return {"method": method, "div": head.replace("-", "_") + paren + params,
+            return {"method": method, "div": "&".join(map(_div, name[len(prefix):].split("&"))),
                     "delta": 0.05}
     return None
+
+
+def _div(part: str) -> str:
+    """One divergence of a preset's name, its dashes before any parameters read as
+    underscores."""
+    head, paren, params = part.partition("(")
+    return head.replace("-", "_") + paren + params

@@ -146,6 +146,28 @@ def test_presets():
         preset("clip", eps_high=-1.0)
 
 
+@pytest.mark.parametrize("name", ["band-kl&reverse-kl", "band-mask-tv&chi2"])
+def test_an_intersected_band_keeps_every_trust_region(name):
+    """div="a&b": the edges are where the first of the two-point divergences reaches delta,
+    checked against 60-digit edges of each divergence alone (tests/reference.py)."""
+    from . import reference
+
+    cfg = preset(name, delta=0.05)
+    p = [1e-6, 1e-3, 0.05, 0.3, 0.7, 0.99]
+    band = precompute_band(torch.log(torch.tensor(p, dtype=F64)), cfg)
+    for i, pi in enumerate(p):
+        each = [reference.edges(reference.GENERATORS[d], mpmath.mpf(pi), mpmath.mpf("0.05"))
+                for d in cfg.divs]
+        lo, hi = max(e[0] for e in each), min(e[1] for e in each)
+        assert math.exp(band.log_lower[i]) == pytest.approx(float(lo), rel=1e-10, abs=1e-300)
+        assert math.exp(band.log_upper[i]) == pytest.approx(float(hi), rel=1e-10)
+    assert preset("band-alpha(a=0.5)&reverse-kl").divs == ("alpha(a=0.5)", "reverse_kl")
+    with pytest.raises(LossError, match="empty divergence name"):
+        LossConfig(div="kl&")
+    with pytest.raises(fbands.DivergenceError):
+        LossConfig(div="kl&nonsense")
+
+
 # --------------------------------------------------------------------------------------
 # baselines against the textbook formulas
 

@@ -23,9 +23,9 @@ from fbands.rl.config import TrainConfig  # noqa: E402
 from .test_trl import fake_batch, loss_and_grads, make_args, make_trainer  # noqa: E402
 from .test_verl import BATCH_OVERRIDES, actor_config  # noqa: E402
 
-PRESETS = ["band-kl", "band-tv", "band-reverse-kl", "band-alpha(a=0.5)", "band-mask-kl",
-           "band-mask-tv", "band-gppo-kl", "clip", "clip-higher", "dual-clip", "dcpo", "trgppo",
-           "cispo"]
+PRESETS = ["band-kl", "band-tv", "band-kl&reverse-kl", "band-reverse-kl", "band-alpha(a=0.5)",
+           "band-mask-kl", "band-mask-tv", "band-gppo-kl", "clip", "clip-higher", "dual-clip",
+           "dcpo", "trgppo", "cispo"]
 PL = "actor_rollout_ref.actor.policy_loss."
 TARGET = f"{PL}_target_=fbands.integrations.verl.BandPolicyLossConfig"
 
@@ -41,8 +41,8 @@ def verl_config(*overrides: str) -> fl.LossConfig:
 
 
 def hydra_value(text: str) -> str:
-    """A string as a Hydra override writes it (quoted when it has parentheses)."""
-    return f"'{text}'" if "(" in text else text
+    """A string as a Hydra override writes it (quoted when it has parentheses or '&')."""
+    return f"'{text}'" if "(" in text or "&" in text else text
 
 
 def same_loss(cfg: fl.LossConfig, name: str) -> None:

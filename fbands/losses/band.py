@@ -217,13 +217,24 @@ def _divergence_band(x: Tensor, valid: Tensor | None, cfg: LossConfig) -> tuple[
     """
     # x is valid now (checked, or bad tokens replaced): no second check, no sync.
     if valid is None or not _on_host(x):
-        return log_bounds(x, cfg.delta, cfg.div, logp=True, check=False)
+        return intersected_log_bounds(x, cfg.delta, cfg.divs)
     flat = x.reshape(-1).numpy()  # (numpy's indexing is several times faster than torch's)
     idx = np.flatnonzero(valid.reshape(-1).numpy())
     kept = np.concatenate((flat[idx], np.array([FILL_LOGP], flat.dtype)))  # (tokens + 1,)
-    lo, hi = (e.numpy() for e in log_bounds(torch.from_numpy(kept), cfg.delta, cfg.div,
-                                            logp=True, check=False))
+    lo, hi = (e.numpy() for e in intersected_log_bounds(torch.from_numpy(kept), cfg.delta,
+                                                        cfg.divs))
     out_lo, out_hi = np.full_like(flat, lo[-1]), np.full_like(flat, hi[-1])
     out_lo[idx], out_hi[idx] = lo[:-1], hi[:-1]
     log_lo, log_hi = torch.from_numpy(out_lo).view(x.shape), torch.from_numpy(out_hi).view(x.shape)
+    return log_lo, log_hi
+
+
+def intersected_log_bounds(x: Tensor, delta, divs: tuple[str, ...]) -> tuple[Tensor, Tensor]:
+    """The log-edges of the band where each divergence of ``divs`` stays within ``delta``
+    for the valid log-probabilities ``x``: the largest lower and the smallest upper edge.
+    Every band contains ratio 1, so the intersection is never empty."""
+    log_lo, log_hi = log_bounds(x, delta, divs[0], logp=True, check=False)
+    for div in divs[1:]:
+        lo, hi = log_bounds(x, delta, div, logp=True, check=False)
+        log_lo, log_hi = torch.maximum(log_lo, lo), torch.minimum(log_hi, hi)
     return log_lo, log_hi

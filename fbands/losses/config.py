@@ -92,7 +92,9 @@ class LossConfig:
         One of :data:`METHODS`.
     div : str
         Divergence of the band (``band_*`` methods and ``trgppo``), any name that
-        :func:`fbands.log_bounds` accepts: ``"kl"``, ``"tv"``, ``"chi2"``, ...
+        :func:`fbands.log_bounds` accepts: ``"kl"``, ``"tv"``, ``"chi2"``, ...; or several
+        joined by ``&`` (``"kl&reverse_kl"``): the band where every one of their trust
+        regions of radius ``delta`` holds, the intersection of their bands (:attr:`divs`).
     delta : float
         Trust-region radius :math:`\delta > 0` of the band.
     eps_low, eps_high : float
@@ -199,6 +201,17 @@ class LossConfig:
         """
         return self.method in _DIVERGENCE_BAND
 
+    @property
+    def divs(self) -> tuple[str, ...]:
+        """The divergences whose bands :attr:`div` intersects (one for a plain name).
+
+        Examples
+        --------
+        >>> LossConfig(div="kl & reverse_kl").divs
+        ('kl', 'reverse_kl')
+        """
+        return split_divs(self.div)
+
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise LossError(f"unknown method {self.method!r}; expected one of {', '.join(METHODS)}")
@@ -211,7 +224,8 @@ class LossConfig:
         if self.uses_radius:
             # An unknown or malformed divergence fails here, not at the first batch.  The
             # string is parsed by fbands.get, never evaluated as code.
-            get(self.div)
+            for name in self.divs:
+                get(name)
         _check_number("delta", self.delta, low=0.0, low_open=True)
         _check_number("eps_low", self.eps_low, low=0.0, high=1.0)
         _check_number("eps_high", self.eps_high, low=0.0)
@@ -240,6 +254,14 @@ class LossConfig:
                     f"dual_clip_c={self.dual_clip_c!r} has no meaning for method "
                     f"{self.method!r}; it applies to {', '.join(_CLIP_FORM)}"
                 )
+
+
+def split_divs(div: str) -> tuple[str, ...]:
+    """The names joined by ``&`` in ``div``, stripped; an empty one is an error."""
+    names = tuple(part.strip() for part in div.split("&"))
+    if not all(names):
+        raise LossError(f"div={div!r}: an empty divergence name around '&'")
+    return names
 
 
 def _check_number(name, value, **rule) -> None:
@@ -279,7 +301,8 @@ def preset(name: str, **overrides) -> LossConfig:
 
     ``<div>`` is any name :func:`fbands.log_bounds` accepts, parameters included
     (``band-alpha(a=0.5)``); in the name a dash may stand for an underscore
-    (``band-reverse-kl``).
+    (``band-reverse-kl``).  Names joined by ``&`` intersect their bands: ``band-kl&reverse-kl``
+    is the symmetric KL band, which neither direction of the KL may leave.
 
     Parameters
     ----------
