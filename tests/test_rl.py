@@ -731,3 +731,55 @@ def test_a_damaged_warm_start_cache_is_trained_again(tmp_path):
         reread = torch.load(cached, weights_only=True)
         assert {k: v.shape for k, v in reread.items()} == {k: v.shape for k, v in good.items()}
     assert sum("ignoring the unreadable cache file" in m for m in messages) == 3
+
+
+def test_the_sampler_records_the_log_probs_it_drew_from(tmp_path):
+    from fbands.rl._run import open_run
+    from fbands.rl.rollout import sample
+
+    cfg = small(tmp_path, temperature=0.7).validate()
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True)
+    run = open_run(cfg, False, quiet, run_dir / "checkpoint.pt", run_dir / "metrics.jsonl")
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        batch = sample(run.model, run.codec, ["abc>", "hgf>"], 4, cfg.max_new_tokens,
+                       cfg.temperature, gen, run.device, run.autocast)
+        logp, _ = run.logprobs(run.model, batch.input_ids, batch.attention_mask,
+                               batch.prompt_width)
+    m = batch.response_mask.bool()
+    assert batch.logp.shape == logp.shape and m.sum() > 8
+    # the incremental sampler and the trainer's full pass agree to float32 rounding
+    assert torch.allclose(batch.logp[m], logp[m], atol=1e-4, rtol=0)
+
+
+def test_a_mismatch_gate_reaches_the_loss_and_its_weight_is_logged(tmp_path, monkeypatch):
+    from fbands.rl import rollout
+
+    plain = small(tmp_path, "plain", steps=2, checkpoint_every=0)
+    wide = small(tmp_path, "wide", steps=2, checkpoint_every=0, gate_div="tv", gate_delta=0.9)
+    for cfg in (plain, wide):
+        rl_train.train(cfg, log=quiet)
+    (_, a), (_, b) = load_run(plain.run_dir), load_run(wide.run_dir)
+    # a gate that keeps every token changes no bit of the update
+    assert [r["loss/pg"] for r in a] == [r["loss/pg"] for r in b]
+    assert "gate/weight" not in a[0] and [r["gate/weight"] for r in b] == [1.0, 1.0]
+    # a sampler whose log-probs are off by 1 on every other token: those leave a tv gate of
+    # 0.01 unless their probability is tiny, and the logged weight says so
+    original = rollout.sample
+
+    def shifted(*args, **kwargs):
+        batch = original(*args, **kwargs)
+        batch.logp[:, ::2] -= 1.0
+        return batch
+
+    monkeypatch.setattr(rl_train, "sample", shifted)
+    gated = small(tmp_path, "gated", steps=1, checkpoint_every=0, gate_div="tv",
+                  gate_delta=0.01)
+    rl_train.train(gated, log=quiet)
+    (row,) = load_run(gated.run_dir)[1]
+    assert 0.3 < row["gate/weight"] < 0.8
+    with pytest.raises(ConfigError, match="gate_mode"):
+        small(tmp_path, gate_div="kl", gate_mode="clip").validate()
+    with pytest.raises(ConfigError, match="gate_div='kll'"):
+        small(tmp_path, gate_div="kll").validate()

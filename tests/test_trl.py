@@ -260,6 +260,57 @@ def test_clip_method_reproduces_trl_loss(twin_trainers, loss_type, extras):
         assert band._metrics["train"][key][-1] == pytest.approx(ref._metrics["train"][key][-1])
 
 
+def test_mismatch_gate_is_one_more_factor_of_the_weights(twin_trainers):
+    """band_gate_*: the gate multiplies the per-token weights as vLLM's importance sampling
+    ratio does; checked against the binary TV gate |pi - mu| <= delta written by hand."""
+    from fbands.losses.gate import gate_options
+
+    _, band = twin_trainers
+    band.loss_type, band.current_gradient_accumulation_steps = "dapo", 1
+    band.use_vllm = band.vllm_importance_sampling_correction = True
+    band.beta, band.top_entropy_quantile, band._entropy_bonus_enabled = 0.0, 1.0, False
+    inputs = fake_batch(band, seed=3)
+    old = inputs["old_per_token_logps"]
+    g = torch.Generator().manual_seed(5)
+    sampling = old + 0.3 * torch.randn(old.shape, generator=g)
+    sampling[0, 0] = math.nan  # a token vLLM could not score: neither gated nor reweighted
+    inputs["sampling_per_token_logps"] = sampling
+    gap = (old.exp() - sampling.exp()).abs()
+    delta = float(gap[inputs["completion_mask"].bool()].nan_to_num(0.0).median()) * 1.0001
+    by_hand = (gap <= delta).float()
+    by_hand[0, 0] = 1.0
+    try:
+        band._band_gate = gate_options("tv", delta, "mask")
+        gated, _ = loss_and_grads(band, inputs)
+        logged = band._metrics["train"]["band/gate_weight"][-1]
+        with pytest.raises(RuntimeError, match="sampling_per_token_logps"):
+            band._compute_loss(band.model, {k: v for k, v in inputs.items()
+                                            if k != "sampling_per_token_logps"})
+    finally:
+        band._band_gate = None
+    folded = dict(inputs, importance_sampling_ratio=inputs["importance_sampling_ratio"] * by_hand)
+    plain, _ = loss_and_grads(band, folded)
+    torch.testing.assert_close(gated, plain, rtol=1e-6, atol=1e-8)
+    mask = inputs["completion_mask"].float()
+    assert 0 < (by_hand * mask).sum() < mask.sum()  # the gate dropped some tokens, not all
+    assert logged == pytest.approx(float((by_hand * mask).sum() / mask.sum()))
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"band_gate_div": "kl"}, "use_vllm=False"),
+    ({"band_gate_div": "kll", "use_vllm": True}, "band_gate_div='kll'"),
+    ({"band_gate_div": "kl", "band_gate_delta": 0.0, "use_vllm": True}, "band_gate_delta"),
+    ({"band_gate_div": "kl", "band_gate_mode": "cap", "use_vllm": True},
+     "vllm_importance_sampling_correction=False"),
+])
+def test_gate_options_are_checked_at_configuration(tmp_path, options, match):
+    with pytest.raises(TRLBandError, match=match):
+        make_args(tmp_path, **options)
+    cap = make_args(tmp_path, band_gate_div="kl&reverse_kl", band_gate_mode="cap",
+                    use_vllm=True, vllm_importance_sampling_correction=False)
+    assert cap.band_gate() == {"div": "kl&reverse_kl", "delta": 0.01, "mode": "cap"}
+
+
 def test_guide_laptop_example_runs(tmp_path, monkeypatch):
     """The offline script of docs/guides/trl.md, executed as written."""
     guide = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "trl.md").read_text()

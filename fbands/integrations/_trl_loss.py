@@ -11,8 +11,10 @@ under the keys :data:`LOWER` and :data:`UPPER` (computed once per batch by the t
 
 It is a mixin of TRL's :class:`~trl.GRPOTrainer`, and reads the state that
 :class:`~fbands.integrations.trl.BandGRPOTrainer` sets up (``band_config``,
-``band_schedule``, ``_band_step_config``, ``_band_kl``) besides TRL's own options and
-accelerator.
+``band_schedule``, ``_band_step_config``, ``_band_kl``, ``_band_gate``) besides TRL's own
+options and accelerator.  With ``band_gate_div`` set, the mismatch gate
+(:func:`fbands.losses.mismatch_gate`) of vLLM's log-probs against the trainer's is one more
+per-token factor of :math:`W_t`.
 """
 
 from __future__ import annotations
@@ -92,6 +94,9 @@ class BandLoss:
             weights = weights * entropy_mask
         if self.use_vllm and self.vllm_importance_sampling_correction:
             weights = weights * inputs["importance_sampling_ratio"]
+        gate = self._mismatch_gate(inputs, old, mask)
+        if gate is not None:
+            weights = weights * gate
         # token-sum with weights = TRL's normalisation of the weighted per-token loss.
         loss, band_metrics = fl.policy_loss(
             old, logps, advantages, weights, self._band_step_config, band=band
@@ -118,8 +123,24 @@ class BandLoss:
             )
 
         self._log_band_metrics(mode, logps - old, advantages, mask, band, entropies, band_metrics,
-                               per_token_kl if self.beta != 0.0 else None)
+                               per_token_kl if self.beta != 0.0 else None, gate)
         return loss
+
+    def _mismatch_gate(self, inputs, old, mask):
+        """The mismatch gate's weights of the micro-batch (``band_gate_*``), or None.  vLLM
+        gives a NaN log-prob for a token it could not score; such a token is neither gated
+        nor reweighted (TRL leaves it out of its importance sampling correction too)."""
+        gate = self._band_gate
+        if gate is None:
+            return None
+        sampling = inputs.get("sampling_per_token_logps")
+        if sampling is None:
+            raise RuntimeError("band_gate_div is set, but the batch holds no "
+                               "sampling_per_token_logps: the rollout engine returned no "
+                               "log-probs (vLLM does; a custom rollout_func must)")
+        sampling = torch.where(sampling.isnan(), old, sampling)
+        return fl.mismatch_gate(old, sampling, gate["div"], gate["delta"], mode=gate["mode"],
+                                mask=mask)
 
     def _normalisation_weights(self, mask, inputs, mode, accumulation):
         r"""Per-token weights :math:`W` of TRL's normalisation for ``loss_type``.
@@ -144,7 +165,7 @@ class BandLoss:
         return mask / normaliser
 
     def _log_band_metrics(self, mode, logratio, advantages, mask, band, entropies, band_metrics,
-                          per_token_kl=None):
+                          per_token_kl=None, gate=None):
         """TRL's metrics of a micro-batch (reduced over the processes as TRL reduces them)
         and the band's, read from the device in one transfer."""
         m = self._metrics[mode]
@@ -155,6 +176,8 @@ class BandLoss:
                  "clip_ratio/high_mean": high, "clip_ratio/region_mean": torch.maximum(low, high)}
         if per_token_kl is not None:
             means["kl"] = per_token_kl
+        if gate is not None:
+            means["band/gate_weight"] = gate
         # masked means over every process's tokens: the sums, reduced, then divided
         sums = torch.stack([(x.float() * mask).sum() for x in means.values()]
                            + [mask.sum().float()])

@@ -70,6 +70,7 @@ from fbands.errors import ConfigError
 from fbands.integrations._names import merge, named_fields
 from fbands.integrations._options import as_bool, as_float, as_str, radius_schedule
 from fbands.integrations._trl_loss import LOWER, UPPER, BandLoss
+from fbands.losses.gate import gate_options
 
 __all__ = [
     "SUPPORTED_LOSS_TYPES",
@@ -235,15 +236,62 @@ class BandGRPOConfig(GRPOConfig):
         default=None, metadata={"help": "band_soft=rollback_activate*: middle curvature (2)."}
     )
 
+    band_gate_div: str | None = field(
+        default=None,
+        metadata={"help": "Mismatch gate (fbands.losses.mismatch_gate): the divergence (or "
+                          "several joined by '&') within which the trainer's log-probs must "
+                          "agree with vLLM's; unset: no gate. Needs use_vllm=True."},
+    )
+    band_gate_delta: float = field(
+        default=0.01, metadata={"help": "Radius of the mismatch gate."}
+    )
+    band_gate_mode: str = field(
+        default="mask",
+        metadata={"help": "mask: drop a token outside the gate's band; cap: weight it by "
+                          "its vLLM-to-trainer ratio clamped into the band (TRL's "
+                          "vllm_importance_sampling_correction must then be off)."},
+    )
+
     def __post_init__(self) -> None:
         super().__post_init__()
         self._check_trl_options()
+        self.band_gate()
         # An unknown divergence fails here, not at step 1; fbands.get parses the string
         # (never evaluates it).  A bad delta, method or type fails in band_loss_config.
         if self.band_div is not None:
             fbands.get(as_str("band_div", self.band_div))
         self.band_loss_config()
         self.band_schedule()
+
+    def band_gate(self) -> dict | None:
+        """The :func:`fbands.losses.mismatch_gate` arguments of the ``band_gate_*`` options,
+        or None for no gate.
+
+        Raises
+        ------
+        TRLBandError
+            For a bad gate option, a gate without vLLM (nothing else gives the rollout
+            engine's log-probs), or ``band_gate_mode="cap"`` beside TRL's own importance
+            sampling correction (the capped ratio is that correction: both would apply it
+            twice).
+        """
+        try:
+            gate = gate_options(self.band_gate_div,
+                                as_float("band_gate_delta", self.band_gate_delta),
+                                self.band_gate_mode, prefix="band_")
+        except fl.LossError as err:
+            raise TRLBandError(str(err)) from err
+        if gate is not None and not self.use_vllm:
+            raise TRLBandError("band_gate_div is set, but use_vllm=False: the gate compares "
+                               "the rollout engine's log-probs with the trainer's, and TRL has "
+                               "them from vLLM only (without vLLM the trainer samples itself)")
+        if (gate is not None and gate["mode"] == "cap"
+                and self.vllm_importance_sampling_correction):
+            raise TRLBandError("band_gate_mode='cap' weights each token by its capped "
+                               "vLLM-to-trainer ratio, which is an importance sampling "
+                               "correction: set vllm_importance_sampling_correction=False, or "
+                               "use band_gate_mode='mask' beside it")
+        return gate
 
     def _check_trl_options(self) -> None:
         """Refuse the TRL options whose loss would replace or bypass the band's."""
@@ -353,6 +401,7 @@ class BandGRPOTrainer(BandLoss, GRPOTrainer):
         self.band_schedule = a.band_schedule()
         self._band_step_config = self.band_config  # of the latest generation batch
         self._band_kl: list[float] = []  # k3 of the last pass over the latest batch
+        self._band_gate = a.band_gate()  # mismatch_gate's arguments, or None
         logger.info("fbands band loss: %s", self.band_config)
         generate_every = a.steps_per_generation * a.num_iterations
         if a.gradient_accumulation_steps % generate_every == 0:

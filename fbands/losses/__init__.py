@@ -71,14 +71,17 @@ from fbands.losses.checks import LOGP_TOLERANCE as LOGP_TOLERANCE  # public, not
 from fbands.losses.config import SOFT_ALIASES as SOFT_ALIASES  # public, not in __all__
 from fbands.losses.config import SOFT_PARAMS as SOFT_PARAMS  # public, not in __all__
 from fbands.losses.config import LossConfig, preset, soft_options
+from fbands.losses.gate import GATE_MODES as GATE_MODES  # public, not in __all__
+from fbands.losses.gate import mismatch_gate
 from fbands.losses.metrics import TAIL_PROB as TAIL_PROB  # public, not in __all__
 from fbands.losses.policy import policy_loss
 from fbands.losses.soft import soft_clip
 
 # The modules, by job: config (LossConfig, its validation, the presets, the soft options),
 # checks (the input checks), band (precompute_band, DCPO's closed form), terms (the per-token
-# term of each method), soft (the soft clip), aggregate (agg_loss), metrics (the diagnostics)
-# and policy (policy_loss, which calls all of them).
+# term of each method), soft (the soft clip), aggregate (agg_loss), metrics (the diagnostics),
+# policy (policy_loss, which calls all of them) and gate (mismatch_gate, the rollout engine's
+# trust region).
 
 __all__ = [
     "AGG_MODES",
@@ -90,6 +93,7 @@ __all__ = [
     "SOFT_FORMS",
     "agg_loss",
     "dcpo_log_bounds",
+    "mismatch_gate",
     "policy_loss",
     "precompute_band",
     "preset",

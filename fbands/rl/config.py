@@ -109,6 +109,12 @@ HELP = {
     "minibatches": "minibatches per pass",
     "max_grad_norm": "gradient clipping norm",
     "adv_std_norm": "divide advantages by the group std (--no-adv-std-norm: Dr. GRPO)",
+    "gate_div": "mismatch gate (fbands.losses.mismatch_gate): the divergence (several "
+                "joined by '&') within which the trainer's log-probs must agree with the "
+                "sampler's, or '' for no gate",
+    "gate_delta": "mismatch gate: the radius",
+    "gate_mode": "mismatch gate: 'mask' drops a token outside the band, 'cap' weights it "
+                 "by its sampler-to-trainer ratio clamped into the band",
     "kl_coef": "weight of the k3 KL to the warm-started reference (0: no reference)",
     "ent_coef": "weight of the entropy bonus",
     "logprob_chunk": "tokens per float32 log-softmax chunk",
@@ -209,6 +215,9 @@ class TrainConfig:
     minibatches: int = 4
     max_grad_norm: float = 1.0
     adv_std_norm: bool = True  # divide by the group std (False: Dr. GRPO)
+    gate_div: str = ""  # "": no mismatch gate; else fbands.losses.mismatch_gate's div
+    gate_delta: float = 0.01
+    gate_mode: str = "mask"  # "mask" or "cap"
     kl_coef: float = 0.0  # k3 KL to the warm-started reference policy
     ent_coef: float = 0.0  # entropy bonus
     logprob_chunk: int = 256  # sequence positions per float32 log-softmax chunk
@@ -319,7 +328,19 @@ class TrainConfig:
             need(isinstance(getattr(self, name), bool), name, "must be true or false")
         self.loss_config()  # an unknown loss name or override fails here, before any work
         self.schedule()
+        self.gate()
         return self
+
+    def gate(self) -> dict | None:
+        """The :func:`fbands.losses.mismatch_gate` arguments of the ``gate_*`` options, or
+        None for no gate."""
+        from fbands.losses import LossError
+        from fbands.losses.gate import gate_options
+
+        try:
+            return gate_options(self.gate_div, self.gate_delta, self.gate_mode)
+        except LossError as err:
+            raise ConfigError(str(err)) from err
 
     def schedule(self):
         """The radius schedule of ``delta_schedule`` (:func:`fbands.parse_schedule`; an

@@ -15,7 +15,9 @@ class Rollout:
 
     ``input_ids`` / ``attention_mask`` are ``(B, P + R)``: left-padded prompts, then the
     answers; ``response_mask`` is ``(B, R)`` and marks answer tokens up to and including the
-    end token.
+    end token; ``logp`` is ``(B, R)``, each sampled token's log-probability under the
+    distribution it was drawn from (the rollout engine's, which the trainer's recomputation
+    can differ from: :func:`fbands.losses.mismatch_gate`).
     """
 
     input_ids: torch.Tensor  # (B, P + R)
@@ -23,6 +25,7 @@ class Rollout:
     response_mask: torch.Tensor  # (B, R)
     prompt_width: int  # P
     completions: list[str]  # B decoded answers
+    logp: torch.Tensor  # (B, R)
 
 
 @torch.no_grad()
@@ -42,12 +45,13 @@ def sample(model, codec: Codec, prompt_texts: list[str], group_size: int, max_ne
     step_ids, step_pos = ids, positions
     done = torch.zeros(ids.shape[0], dtype=torch.bool, device=device)  # (B,)
     stop = torch.tensor(codec.stop_ids, device=device)
-    tokens, valid = [], []
+    tokens, valid, logps = [], [], []
     for _ in range(max_new_tokens):
         with autocast():
             hidden, past = body_forward(model, step_ids, mask, step_pos, past)  # (B, t, D)
             logits = head(hidden[:, -1]).float() / temperature  # (B, V)
         token = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)  # (B, 1)
+        logps.append(torch.log_softmax(logits, -1).gather(1, token))  # (B, 1)
         token = torch.where(done[:, None], codec.pad_id, token)
         valid.append(~done)
         tokens.append(token)
@@ -62,7 +66,8 @@ def sample(model, codec: Codec, prompt_texts: list[str], group_size: int, max_ne
     input_ids = torch.cat([ids, response], dim=1)
     attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
     completions = [codec.decode_answer(row) for row in response.tolist()]
-    return Rollout(input_ids, attention_mask, response_mask.float(), width_p, completions)
+    return Rollout(input_ids, attention_mask, response_mask.float(), width_p, completions,
+                   torch.cat(logps, dim=1))
 
 
 @torch.no_grad()

@@ -57,6 +57,7 @@ from fbands.losses import (
     Band,
     LossConfig,
     agg_loss,
+    mismatch_gate,
     policy_loss,
     precompute_band,
 )
@@ -149,6 +150,7 @@ class _Rollout(NamedTuple):
     entropy: torch.Tensor
     logp_ref: torch.Tensor | None
     band: Band
+    gate: torch.Tensor | None  # the mismatch gate's weights (B, R), or None
     step_cfg: LossConfig
     generator: torch.Generator
     t_rollout: float  # (the end of sampling and scoring)
@@ -233,8 +235,13 @@ def _rollout(run: Run, step: int) -> _Rollout:
     band = precompute_band(logp_old, step_cfg, mask=batch.response_mask,
                            check=device.type == "cpu")
     _sync(device)
+    t_band = time.perf_counter() - t_band
+    gate = run.cfg.gate()
+    if gate is not None:  # the trainer's log-probs against the sampler's
+        gate = mismatch_gate(logp_old, batch.logp, gate["div"], gate["delta"],
+                             mode=gate["mode"], mask=batch.response_mask)
     return _Rollout(prompts, batch, rewards, advantages, logp_old, entropy, logp_ref, band,
-                    step_cfg, generator, t_rollout, time.perf_counter() - t_band)
+                    gate, step_cfg, generator, t_rollout, t_band)
 
 
 def _update(run: Run, r: _Rollout) -> _Updates:
@@ -256,7 +263,9 @@ def _update(run: Run, r: _Rollout) -> _Updates:
                 logp, ent = run.logprobs(run.model, ids[mb], attn[mb], width)
             logp_old, adv, m = r.logp_old[mb], r.advantages[mb], mask[mb]
             mb_band = Band(r.band.log_lower[mb], r.band.log_upper[mb])
-            pg_loss, loss_metrics = policy_loss(logp_old, logp, adv, m, r.step_cfg, mb_band)
+            weights = m if r.gate is None else m * r.gate[mb]
+            pg_loss, loss_metrics = policy_loss(logp_old, logp, adv, weights, r.step_cfg,
+                                                mb_band)
             clip_counts += tail_clip_counts(logp_old, logp, adv, m, mb_band)
             ratio_stats.append(update_stats(logp_old, logp, m, loss_metrics["clipfrac"]))
             loss = pg_loss
@@ -346,6 +355,8 @@ def _summary(run: Run, step: int, r: _Rollout, u: _Updates, t_start: float,
            "time/band_s": r.t_band,
            "time/band_share": r.t_band / (t_end - t_start),
            **clip_split_metrics(u.clip_counts)}
+    if r.gate is not None:  # the mean gate weight of the response tokens (kept share)
+        row["gate/weight"] = float((r.gate * mask).sum() / mask.sum().clamp(min=1))
     if r.step_cfg.uses_radius:  # the radius this step's band used
         row["delta"] = r.step_cfg.delta
         if adaptive:  # the rule's input and output
