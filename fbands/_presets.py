@@ -4,6 +4,8 @@ losses)."""
 
 from __future__ import annotations
 
+from fbands import _methods
+
 __all__ = ["PRESETS", "BAND_PREFIXES", "fields"]
 
 #: The presets that are not ``band-<div>``: their :class:`~fbands.losses.LossConfig` fields.
@@ -21,9 +23,10 @@ PRESETS = {
     "trgppo": {"method": "trgppo", "div": "kl", "delta": 0.05, "eps_low": 0.2, "eps_high": 0.2},
     "cispo": {"method": "cispo", "eps_low": 1.0, "eps_high": 0.28},
 }
-#: Prefix of a band preset's name -> its method, longest first (``band-mask-tv`` is
-#: ``band-mask-`` + tv).
-BAND_PREFIXES = (("band-mask-", "band_mask"), ("band-gppo-", "band_gppo"), ("band-", "band_clip"))
+#: Prefix of a band preset's name -> its method (the table of methods' ``preset_prefix``),
+#: longest first (``band-mask-tv`` is ``band-mask-`` + tv).
+BAND_PREFIXES = tuple(sorted(((m.preset_prefix, m.name) for m in _methods.TABLE
+                              if m.preset_prefix), key=lambda pm: -len(pm[0])))
 
 
 def fields(name: str) -> dict | None:

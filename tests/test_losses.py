@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import fbands
+from fbands import _methods, _presets
 from fbands.losses import (
     AGG_MODES,
     METHODS,
@@ -144,6 +145,52 @@ def test_presets():
         preset("clip", epsilon=0.3)
     with pytest.raises(LossError, match="eps_high"):
         preset("clip", eps_high=-1.0)
+
+
+@pytest.mark.parametrize("row", _methods.TABLE, ids=lambda m: m.name)
+def test_every_row_of_the_table_of_methods_is_what_the_losses_do(row):
+    """Walk the table of methods (fbands._methods): each column is what the package does."""
+    cfg = LossConfig(method=row.name, delta=0.05)
+    assert cfg.row is row and cfg.uses_radius == (row.band == "divergence")
+    if row.soft:
+        LossConfig(method=row.name, soft="tanh1")
+    else:
+        with pytest.raises(LossError, match="soft="):
+            LossConfig(method=row.name, soft="tanh1")
+    if row.dual_clip:
+        LossConfig(method=row.name, dual_clip_c=3.0)
+    else:
+        with pytest.raises(LossError, match="dual_clip_c"):
+            LossConfig(method=row.name, dual_clip_c=3.0)
+    if row.preset_prefix:
+        assert preset(row.preset_prefix + "tv").method == row.name
+    logp_old = torch.log(torch.tensor([[0.6, 0.05, 0.3]], dtype=F64))
+    logp = (logp_old + torch.tensor([[0.5, 1.5, -0.7]], dtype=F64)).requires_grad_()
+    loss, metrics = policy_loss(logp_old, logp, torch.tensor([[1.0, 1.0, -1.0]], dtype=F64),
+                                torch.ones(1, 3), cfg)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
+    band = precompute_band(logp_old, cfg)
+    fixed = precompute_band(logp_old, LossConfig(method="clip"))
+    if row.band == "fixed":
+        assert torch.allclose(band.log_lower, torch.full_like(band.log_lower, math.log(0.8)))
+    elif row.with_fixed:  # united with the fixed clip
+        assert (band.log_lower <= fixed.log_lower).all()
+        assert (band.log_upper >= fixed.log_upper).all()
+    if row.form == "weight":  # every token keeps a gradient
+        assert (logp.grad != 0).all()
+    from fbands.integrations._names import named_fields
+
+    assert named_fields(row.name, "method", ValueError) in ({"method": row.name},
+                                                            _presets.fields(row.name))
+
+
+def test_verl_modes_come_from_the_table():
+    pytest.importorskip("verl")
+    from fbands.integrations.verl import LOSS_MODES
+
+    assert {m: n for m, n in LOSS_MODES.items() if n} == {
+        r.verl_mode: r.name for r in _methods.TABLE if r.verl_mode}
 
 
 @pytest.mark.parametrize("name", ["band-kl&reverse-kl", "band-mask-tv&chi2"])

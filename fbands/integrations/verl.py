@@ -53,6 +53,7 @@ from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, agg_loss, register
 from verl.workers.config import ActorConfig, PolicyLossConfig
 
 import fbands
+from fbands import _methods
 from fbands import losses as fl
 from fbands.errors import ConfigError
 from fbands.integrations._names import merge, mode_fields
@@ -71,12 +72,10 @@ __all__ = [
     "register",
 ]
 
-#: verl ``loss_mode`` name -> :data:`fbands.losses.METHODS` entry (``None``: read
-#: ``policy_loss.method``).
+#: verl ``loss_mode`` name -> :data:`fbands.losses.METHODS` entry (the table of methods'
+#: ``verl_mode``; ``None``: read ``policy_loss.method``).
 LOSS_MODES: dict[str, str | None] = {
-    "band": "band_clip",
-    "band_mask": "band_mask",
-    "band_gppo": "band_gppo",
+    **{m.verl_mode: m.name for m in _methods.TABLE if m.verl_mode},
     "fbands": None,
 }
 

@@ -181,15 +181,16 @@ def precompute_band(
             x = torch.where(bad, torch.full_like(x, FILL_LOGP), x)
         x = x.clamp(max=0.0)  # a log-softmax may round a near-certain token to +1e-7
         fixed_lo, fixed_hi = _fixed_log_edges(cfg)
-        if cfg.uses_radius:
+        kind = cfg.row.band
+        if kind == "divergence":
             log_lo, log_hi = _divergence_band(x, valid, cfg)
-        elif cfg.method == "dcpo":
+        elif kind == "dcpo":
             log_lo, log_hi = dcpo_log_bounds(x, cfg.eps_low, cfg.eps_high)
         else:  # a fixed clip: [1 - eps_low, 1 + eps_high]
             log_lo = torch.full_like(x, fixed_lo)
             log_hi = torch.full_like(x, fixed_hi)
         log_lo, log_hi = log_lo.to(out_dtype), log_hi.to(out_dtype)
-        if cfg.relax or cfg.method == "trgppo":
+        if cfg.relax or cfg.row.with_fixed:
             log_lo = torch.clamp(log_lo, max=fixed_lo)
             log_hi = torch.clamp(log_hi, min=fixed_hi)
         if cfg.upper_bound_max is not None:

@@ -1,6 +1,7 @@
 r"""What a policy loss is: :class:`LossConfig`, its validation, the presets and the soft options.
 
-The methods fall into families that decide what the rest of the package does with them:
+The methods fall into families, the columns of the table of methods
+(:mod:`fbands._methods`) that decide what the rest of the package does with them:
 
 * the *clip form* (``clip``, ``clip_higher``, ``dual_clip``, ``dcpo``, ``trgppo``,
   ``band_clip``, ``band_gppo``): :math:`\max(-A r, -A\,\mathrm{clip}(r, r_{lo}, r_{hi}))`,
@@ -18,21 +19,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from fbands import _checks, _presets
+from fbands import _checks, _methods, _presets
 from fbands.divergences import get
 from fbands.errors import LossError
 
-METHODS = (
-    "clip",
-    "clip_higher",
-    "dual_clip",
-    "dcpo",
-    "trgppo",
-    "cispo",
-    "band_clip",
-    "band_mask",
-    "band_gppo",
-)
+#: The method names, in the order of the table of methods (:mod:`fbands._methods`).
+METHODS = tuple(m.name for m in _methods.TABLE)
 AGG_MODES = (
     "token-mean",
     "token-sum",
@@ -71,12 +63,10 @@ SOFT_PARAMS = {
                       {"low": 0.0, "low_open": True}),
 }
 
-# Methods whose per-token term is the PPO form max(-A r, -A clip(r, lower, upper)).
-_CLIP_FORM = ("clip", "clip_higher", "dual_clip", "dcpo", "trgppo", "band_clip", "band_gppo")
-# Methods whose band comes from fbands.log_bounds, of radius delta.
-_DIVERGENCE_BAND = ("trgppo", "band_clip", "band_mask", "band_gppo")
-# The others have a band of their own: the fixed interval [1 - eps_low, 1 + eps_high]
-# (clip, clip_higher, dual_clip, cispo) or DCPO's closed form (dcpo).
+# The methods of the PPO form max(-A r, -A clip(r, lower, upper)), which take a dual clip.
+_CLIP_FORM = tuple(m.name for m in _methods.TABLE if m.dual_clip)
+# The methods a soft clip applies to.
+_SOFT = tuple(m.name for m in _methods.TABLE if m.soft)
 
 # The dual-clip constant c of method "dual_clip" when LossConfig.dual_clip_c is None.
 _DEFAULT_DUAL_CLIP_C = 3.0
@@ -199,7 +189,12 @@ class LossConfig:
         >>> LossConfig(method="band_mask").uses_radius, LossConfig(method="dcpo").uses_radius
         (True, False)
         """
-        return self.method in _DIVERGENCE_BAND
+        return self.row.band == "divergence"
+
+    @property
+    def row(self) -> _methods.Method:
+        """The method's row of the table of methods (:mod:`fbands._methods`)."""
+        return _methods.by_name(self.method)
 
     @property
     def divs(self) -> tuple[str, ...]:
@@ -241,10 +236,9 @@ class LossConfig:
             if self.soft not in SOFT_FORMS:
                 raise LossError(f"unknown soft {self.soft!r}; expected one of "
                                 f"{', '.join(SOFT_FORMS)} or None")
-            if self.method not in _CLIP_FORM or self.method == "band_gppo":
+            if self.method not in _SOFT:
                 raise LossError(f"soft={self.soft!r} applies to the clip-form methods "
-                                f"{', '.join(m for m in _CLIP_FORM if m != 'band_gppo')}, "
-                                f"not {self.method!r}")
+                                f"{', '.join(_SOFT)}, not {self.method!r}")
         for name, (_, rule) in SOFT_PARAMS.items():
             _check_number(name, getattr(self, name), **rule)
         if self.dual_clip_c is not None:

@@ -33,7 +33,7 @@ from fbands.losses.checks import (
 )
 from fbands.losses.config import LossConfig
 from fbands.losses.metrics import _metrics
-from fbands.losses.terms import _band_mask, _cispo, _clip_form, _soft_clip_form
+from fbands.losses.terms import TERMS
 
 
 def policy_loss(
@@ -189,15 +189,9 @@ def policy_loss(
     log_hi = torch.where(valid, log_hi, torch.full_like(log_hi, math.inf))
     logratio = logp_c - logp_old_c  # (B, T)
 
-    if cfg.method == "band_mask":
-        terms = _band_mask(logratio, logp_c, adv, log_lo, log_hi, cfg)
-    elif cfg.method == "cispo":
-        terms = _cispo(logratio, logp_c, adv, log_lo, log_hi)
-    elif cfg.soft is not None:
-        terms = _soft_clip_form(logratio, adv, log_lo, log_hi, cfg)
-    else:
-        terms = _clip_form(logratio, adv, log_lo, log_hi, cfg)
-    per_token, upper, lower, dual, trunc = terms  # (B, T) loss and four (B, T) bool masks
+    term = TERMS[cfg.row.form]
+    # (B, T) loss and four (B, T) bool masks
+    per_token, upper, lower, dual, trunc = term(logratio, logp_c, adv, log_lo, log_hi, cfg)
     if weights is not None:
         weights = _as_tensor("weights", weights)
         _check_devices(("logp_old", logp_old), ("weights", weights))

@@ -1,10 +1,12 @@
 r"""The per-token loss terms of every method (the soft clip is in :mod:`fbands.losses.soft`).
 
-Each term function takes the log-ratio :math:`\log r` (with gradient), the advantage and
-the band's log-edges, all ``(B, T)`` and already cleaned of padding by
-:func:`fbands.losses.policy_loss`, and returns the per-token loss with four bool masks:
-the tokens clipped at the upper and at the lower edge (:func:`side_masks`), those capped by
-the dual clip, and those whose ``band_mask`` weight hit its truncation.  Comparisons are made
+Each term function (:data:`TERMS`, one per form of the table of methods) takes the
+log-ratio :math:`\log r` and :math:`\log \pi` (with gradient), the advantage, the band's
+log-edges, all ``(B, T)`` and already cleaned of padding by
+:func:`fbands.losses.policy_loss`, and the configuration, and returns the per-token loss
+with four bool masks: the tokens clipped at the upper and at the lower edge
+(:func:`side_masks`), those capped by the dual clip, and those whose ``band_mask`` weight hit
+its truncation.  Comparisons are made
 in log space, and no log-ratio above ``_MAX_LOG_RATIO`` (80) is ever exponentiated.
 """
 
@@ -47,7 +49,7 @@ def side_masks(logratio: Tensor, adv: Tensor, log_lo: Tensor,
     return upper, lower
 
 
-def _clip_form(logratio, adv, log_lo, log_hi, cfg):
+def _clip_form(logratio, logp, adv, log_lo, log_hi, cfg):
     """PPO-form term -A exp(eff), with eff the log-ratio clipped on the advantage's side.
 
     For A >= 0, max(-A r, -A clip(r, lo, hi)) = -A min(r, hi); for A < 0 it is
@@ -62,7 +64,7 @@ def _clip_form(logratio, adv, log_lo, log_hi, cfg):
     else:
         log_c = math.inf
         dual = torch.zeros_like(upper)
-    if cfg.method == "band_gppo":
+    if cfg.row.edge_gradient:
         # Straight-through: the value is the clipped one, exp(edge); the gradient is
         # beta * edge * A * grad(log pi), the surrogate's own gradient at the edge.
         moving = logratio - logratio.detach()  # 0 in value, d log r in gradient
@@ -78,7 +80,7 @@ def _clip_form(logratio, adv, log_lo, log_hi, cfg):
     return per_token, upper, lower, dual, torch.zeros_like(upper)
 
 
-def _soft_clip_form(logratio, adv, log_lo, log_hi, cfg):
+def _soft_clip_form(logratio, logp, adv, log_lo, log_hi, cfg):
     """PPO form with ``clip`` replaced by :func:`soft_clip`: ``max(-A r, -A s(r))``, i.e.
     ``-A min(r, s)`` for A >= 0 and ``-A max(r, s)`` (then capped by dual clip) for A < 0.
     The clip fractions count the tokens beyond the edge on the advantage's side."""
@@ -108,7 +110,7 @@ def _band_mask(logratio, logp, adv, log_lo, log_hi, cfg):
     return per_token, upper, lower, torch.zeros_like(upper), trunc
 
 
-def _cispo(logratio, logp, adv, log_lo, log_hi):
+def _cispo(logratio, logp, adv, log_lo, log_hi, cfg):
     """CISPO: -sg(clip(r, lo, hi)) A log pi; every token keeps its gradient."""
     upper = logratio > log_hi
     lower = logratio < log_lo
@@ -117,3 +119,15 @@ def _cispo(logratio, logp, adv, log_lo, log_hi):
     per_token = -adv * weight * logp
     none = torch.zeros_like(upper)
     return per_token, upper, lower, none, none
+
+
+def _clip_or_soft(logratio, logp, adv, log_lo, log_hi, cfg):
+    """The clip form, or its soft version when ``cfg.soft`` names one."""
+    form = _clip_form if cfg.soft is None else _soft_clip_form
+    return form(logratio, logp, adv, log_lo, log_hi, cfg)
+
+
+#: The term function of each form of :data:`fbands._methods.FORMS`; each takes
+#: ``(logratio, logp, adv, log_lo, log_hi, cfg)`` and returns the per-token loss and the
+#: four masks (module docstring).
+TERMS = {"clip": _clip_or_soft, "mask": _band_mask, "weight": _cispo}
