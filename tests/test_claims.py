@@ -119,8 +119,9 @@ def test_the_report_decides_from_the_result_files(tmp_path):
             for k in range(1, 31)], width=0.05, steps=30)
     path = report.write_report(claims.load(results), tmp_path, "test machine")
     text = path.read_text()
-    rows = {line.split("|")[2].strip(): line for line in text.splitlines()
-            if line.startswith("| (")}
+    summary = text[text.index("| question |"):text.index("Per seed")]
+    rows = {line.split("|")[2].strip(): line for line in summary.splitlines()
+            if line.startswith("| ") and not line.startswith("| question")}
     assert rows["T: final log P(Yes) vs clip"].rstrip(" |").endswith("shown")
     assert "not shown" in rows["T: final log P(Yes) vs clip-wide"]
     assert rows["T: step-1 replay, tail log-p gain vs clip"].rstrip(" |").endswith("shown")
