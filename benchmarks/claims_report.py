@@ -15,8 +15,8 @@ from pathlib import Path
 
 import controls_report
 import numpy as np
+from controls import TARGET, holm, steps_to
 
-TARGET = 0.8
 #: the band radius of the presets: the width-control verdict reads this one, not the best
 PRESET_DELTA = 0.05
 #: step-1 reward each real-model design expects (issue 28: P(Yes) near 0.04 behind the
@@ -101,14 +101,6 @@ def last(run: dict, key: str):
 def mean_of(values):
     v = [x for x in values if x is not None]
     return statistics.fmean(v) if v else None
-
-
-def steps_to(run: dict, target: float = TARGET) -> int:
-    """First step whose held-out accuracy reaches ``target``; never counts as steps + 1."""
-    for r in run["rows"]:
-        if r.get("accuracy") is not None and r["accuracy"] >= target:
-            return r["step"]
-    return run["config"]["steps"] + 1
 
 
 def paired(runs: list[dict], a: str, b: str, value) -> list:
@@ -572,16 +564,6 @@ def t_pvalue(ci: dict | None) -> float | None:
         return None
     t = abs(ci["mean"]) / (ci["sd"] / math.sqrt(ci["n"]))
     return float(2 * stats.t.sf(t, ci["n"] - 1))
-
-
-def holm(pvalues: dict[str, float]) -> dict[str, float]:
-    """Holm's step-down adjusted p-values, by the same keys."""
-    order = sorted(pvalues, key=pvalues.get)
-    adjusted, running = {}, 0.0
-    for i, key in enumerate(order):
-        running = max(running, min(1.0, (len(order) - i) * pvalues[key]))
-        adjusted[key] = running
-    return adjusted
 
 
 def summary_rows(verdicts: dict[str, tuple]) -> list[str]:

@@ -90,8 +90,13 @@ def _e1(runs: list[dict]) -> list[str]:
     return lines
 
 
+def _chosen(runs: list[dict]) -> str:
+    """The Clip-Higher family that E2's or E3's runs ran (E1's choice)."""
+    return next((r["family"] for r in runs if r["family"].startswith("ch-")), "Clip-Higher")
+
+
 def _e2(runs: list[dict]) -> list[str]:
-    chosen = next((r["family"] for r in runs if r["family"].startswith("ch-")), "Clip-Higher")
+    chosen = _chosen(runs)
     lines = ["## E2: one PPO epoch against four (share 0.06)", "",
              f"Seeds 30-39; {chosen} is E1's choice at share 0.06. Mean held-out accuracy "
              "over the steps, and band minus each other loss (paired, raw 95 % intervals; "
@@ -112,7 +117,7 @@ def _e2(runs: list[dict]) -> list[str]:
 
 
 def _e3(runs: list[dict]) -> list[str]:
-    chosen = next((r["family"] for r in runs if r["family"].startswith("ch-")), "Clip-Higher")
+    chosen = _chosen(runs)
     lines = ["## E3: four more warm starts (share 0.06)", "",
              f"Seeds 40-49 on each warm start; band minus clip and band minus {chosen} (E1's "
              "choice), mean held-out accuracy over the steps. Pooled: the mean of the "
