@@ -144,7 +144,7 @@ RUN = dict(model=MODEL, warm_start_steps=0, prompts_per_step=4, group_size=4,
            lora_rank=16, lora_alpha=32.0, eval_every=2, eval_prompts=16, checkpoint_every=4,
            threads=1, progress=True)
 CURVE_KEYS = ("reward", "accuracy", "entropy", "clip/tail", "clip/rest",
-              "answer/start_tail_share", "answer/start_p", "loss/tail_clipfrac_upper",
+              "answer/start_tail_share", "answer/start_p", "band/tail_clipfrac_upper",
               "tokens_per_s", "time/band_share", "time/rollout_s", "time/update_s")
 
 

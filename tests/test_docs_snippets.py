@@ -154,5 +154,5 @@ def _summary_keys():
     from fbands.rl.compare import summarize
 
     row = {"step": 1, "reward": 0.5, "accuracy": 0.5, "p_correct": 0.5, "entropy": 0.5,
-           "loss/tail_clipfrac_upper": 0.1, "tokens_per_s": 100.0}
+           "band/tail_clipfrac_upper": 0.1, "tokens_per_s": 100.0}
     return list(summarize([row]))

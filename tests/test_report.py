@@ -41,7 +41,7 @@ def test_tensorboard_holds_each_step_once_across_a_resume(tmp_path):
     rows = [json.loads(line) for line in (run / "metrics.jsonl").open()]
     events = EventAccumulator(str(run / "tensorboard"))
     events.Reload()
-    for key in ("reward", "entropy", "grad_norm", "loss/clipfrac_upper"):
+    for key in ("reward", "entropy", "grad_norm", "band/clipfrac_upper"):
         logged = [(e.step, e.value) for e in events.Scalars(key)]
         assert logged == [(r["step"], pytest.approx(r[key], rel=1e-6)) for r in rows], key
 

@@ -182,8 +182,8 @@ def test_smoke_run_writes_metrics_and_checkpoint(tmp_path):
     for r in rows:
         assert 0.0 <= r["reward"] <= 1.0 and 0.0 <= r["accuracy"] <= 1.0
         assert r["entropy"] > 0 and r["tokens_per_s"] > 0 and np.isfinite(r["grad_norm"])
-        for key in ("loss/clipfrac_upper", "loss/clipfrac_lower", "loss/tail_clipfrac_upper",
-                    "loss/band_width", "loss/approx_kl_k3", "time/band_share"):
+        for key in ("band/clipfrac_upper", "band/clipfrac_lower", "band/tail_clipfrac_upper",
+                    "band/band_width", "band/approx_kl_k3", "time/band_share"):
             assert np.isfinite(r[key]), key
         step_s = r["time/rollout_s"] + r["time/update_s"]
         assert 0 < r["time/band_s"] < step_s
@@ -225,9 +225,9 @@ def test_update_metrics_leave_the_on_policy_update_out(tmp_path):
         assert all(q05 <= q50 <= q95 for q05, q50, q95 in zip(
             r["update/ratio_q05"], r["update/ratio_q50"], r["update/ratio_q95"], strict=True))
         # the summaries read the off-policy updates only, extremes as extremes
-        assert r["loss/ratio_max"] == pytest.approx(max(r["update/ratio_max"][1:]))
-        assert r["loss/ratio_min"] == pytest.approx(min(r["update/ratio_min"][1:]))
-        assert r["loss/clipfrac"] == pytest.approx(np.mean(r["update/clipped"][1:]), abs=1e-6)
+        assert r["band/ratio_max"] == pytest.approx(max(r["update/ratio_max"][1:]))
+        assert r["band/ratio_min"] == pytest.approx(min(r["update/ratio_min"][1:]))
+        assert r["band/clipfrac"] == pytest.approx(np.mean(r["update/clipped"][1:]), abs=1e-6)
     assert any(max(r["update/ratio_max"][1:]) > 1.0 for r in rows)  # the policy did move
 
 
@@ -432,7 +432,7 @@ def test_compare_plots_and_tabulates(tmp_path):
 def _metrics_folder(path, accuracies, entropy):
     path.mkdir(parents=True)
     rows = [{"step": i + 1, "reward": a, "accuracy": a, "p_correct": a, "entropy": entropy,
-             "loss/tail_clipfrac_upper": 0.1, "tokens_per_s": 100.0}
+             "band/tail_clipfrac_upper": 0.1, "tokens_per_s": 100.0}
             for i, a in enumerate(accuracies)]
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
@@ -763,7 +763,7 @@ def test_a_mismatch_gate_reaches_the_loss_and_its_weight_is_logged(tmp_path, mon
     (_, a), (_, b) = load_run(plain.run_dir), load_run(wide.run_dir)
     # a gate that keeps every token changes no bit of the update
     assert [r["loss/pg"] for r in a] == [r["loss/pg"] for r in b]
-    assert "gate/weight" not in a[0] and [r["gate/weight"] for r in b] == [1.0, 1.0]
+    assert "band/gate_weight" not in a[0] and [r["band/gate_weight"] for r in b] == [1.0, 1.0]
     # a sampler whose log-probs are off by 1 on every other token: those leave a tv gate of
     # 0.01 unless their probability is tiny, and the logged weight says so
     original = rollout.sample
@@ -778,8 +778,30 @@ def test_a_mismatch_gate_reaches_the_loss_and_its_weight_is_logged(tmp_path, mon
                   gate_delta=0.01)
     rl_train.train(gated, log=quiet)
     (row,) = load_run(gated.run_dir)[1]
-    assert 0.3 < row["gate/weight"] < 0.8
+    assert 0.3 < row["band/gate_weight"] < 0.8
     with pytest.raises(ConfigError, match="gate_mode"):
         small(tmp_path, gate_div="kl", gate_mode="clip").validate()
     with pytest.raises(ConfigError, match="gate_div='kll'"):
         small(tmp_path, gate_div="kll").validate()
+
+
+def test_the_band_metrics_are_the_shared_vocabulary_and_old_names_still_read(tmp_path):
+    from fbands.losses import METRIC_KEYS
+
+    from ._vocabulary import vocabulary
+
+    cfg = small(tmp_path, steps=1, checkpoint_every=0, delta_schedule="adaptive:0.05")
+    rl_train.train(cfg, log=quiet)
+    (row,) = load_run(cfg.run_dir)[1]
+    band = {k for k in row if k.startswith("band/")}
+    assert band <= vocabulary()
+    assert {f"band/{k}" for k in METRIC_KEYS} | {"band/delta", "band/measured_kl"} <= band
+    # a run of an earlier version: loss/<metric>, delta, delta/next
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "metrics.jsonl").write_text(json.dumps(
+        {"step": 1, "loss/clipfrac": 0.25, "loss/total": -0.5, "delta": 0.05,
+         "delta/next": 0.06, "gate/weight": 0.9}) + "\n")
+    (got,) = load_run(old)[1]
+    assert got == {"step": 1, "band/clipfrac": 0.25, "loss/total": -0.5, "band/delta": 0.05,
+                   "band/delta_next": 0.06, "band/gate_weight": 0.9}

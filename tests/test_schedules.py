@@ -250,9 +250,9 @@ def test_trainer_logs_the_scheduled_delta(tmp_path):
     cfg = _small(tmp_path, loss="band-kl", delta_schedule="linear:0.08:0.02:3")
     rl_train.train(cfg, log=lambda _m: None)
     want = [0.08, 0.06, 0.04, 0.02]  # steps 0..3 of the schedule, by hand
-    assert [r["delta"] for r in _rows(cfg)] == pytest.approx(want, rel=1e-14)
+    assert [r["band/delta"] for r in _rows(cfg)] == pytest.approx(want, rel=1e-14)
     # band_width follows the radius down
-    widths = [r["loss/band_width"] for r in _rows(cfg)]
+    widths = [r["band/band_width"] for r in _rows(cfg)]
     assert widths[0] > widths[-1]
 
 
@@ -265,14 +265,14 @@ def test_trainer_adaptive_delta_follows_its_rule_and_resumes(tmp_path):
     rl_train.train(cfg, resume=True, log=lambda _m: None)  # ... and resumed
     rows = _rows(cfg)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
-    assert rows[0]["delta"] == 0.05
+    assert rows[0]["band/delta"] == 0.05
     for r, after in zip(rows, rows[1:], strict=False):
-        kl, d = r["delta/measured_kl"], r["delta"]
+        kl, d = r["band/measured_kl"], r["band/delta"]
         assert kl == r["kl/update"]  # the KL after the step's updates
         want = min(max(_by_hand(d, kl, 0.001), 0.01), 0.2)
         # the rule, by hand; and the next step (across the resume too) uses its output
-        assert r["delta/next"] == pytest.approx(want, rel=1e-14)
-        assert after["delta"] == r["delta/next"]
+        assert r["band/delta_next"] == pytest.approx(want, rel=1e-14)
+        assert after["band/delta"] == r["band/delta_next"]
         assert kl >= 0
 
 

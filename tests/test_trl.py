@@ -122,6 +122,9 @@ def test_band_trainer_trains_clips_and_logs(trained):
         assert all(f"band/{key}" in entry for entry in logs), key
     for key in ("clip_ratio/region_mean", "clip_ratio/high_max", "entropy", "loss"):
         assert all(key in entry for entry in logs), key
+    from ._vocabulary import vocabulary
+
+    assert {k for entry in logs for k in entry if k.startswith("band/")} <= vocabulary()
     first, second = logs
     assert "reward" in first  # generation happened at step 1 only
     # Step 1 uses fresh samples: every ratio is 1 and nothing is clipped.

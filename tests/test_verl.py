@@ -269,6 +269,18 @@ def test_metrics_use_verl_names_and_definitions():
     assert metrics["actor/pg_clipfrac_lower"] == metrics["actor/band/clipfrac_lower"]
 
 
+def test_band_metrics_are_the_shared_vocabulary_behind_verl_prefix():
+    from fbands.losses import METRIC_KEYS
+
+    from ._vocabulary import vocabulary
+
+    old, new, adv, mask = batch(seed=5)
+    _, _, metrics = call("band", old, new, adv, mask, band_actor())
+    names = {k.removeprefix("actor/") for k in metrics
+             if k.startswith("actor/band/") and not k.endswith("_count")}
+    assert names <= vocabulary() and {f"band/{k}" for k in METRIC_KEYS} | {"band/delta"} <= names
+
+
 def test_global_batch_info_gives_verl_data_parallel_scaling():
     """verl fills global_batch_info per micro-batch; the loss must follow it."""
     actor = band_actor()

@@ -31,7 +31,7 @@ ROOT = DOCS.parent
 GENERATED = DOCS / "_generated"
 
 #: Order of the guides in the toctree; guides not listed here follow alphabetically.
-GUIDE_ORDER = ("own_loss", "trainer", "verl", "trl", "custom_divergence")
+GUIDE_ORDER = ("own_loss", "trainer", "verl", "trl", "metrics", "custom_divergence")
 
 #: API pages: (document, module that must be importable for the page to be built).
 API_PAGES = (

@@ -28,12 +28,30 @@ def load_run(run_dir: str | Path) -> tuple[dict, list[dict]]:
             row = json.loads(line)
         except ValueError as err:
             raise ValueError(f"{path}, line {number}: not valid JSON ({err})") from None
-        rows.append(_checked_row(row, f"{path}, line {number}"))
+        rows.append(_checked_row(current_names(row), f"{path}, line {number}"))
     return config, rows
 
 
+#: Names that runs of earlier versions wrote -> the names of the metric vocabulary
+#: (``docs/guides/metrics.md``), under which :func:`load_run` reads them.
+LEGACY_NAMES = {"delta": "band/delta", "delta/measured_kl": "band/measured_kl",
+                "delta/next": "band/delta_next", "gate/weight": "band/gate_weight"}
+
+
+def current_names(row: dict) -> dict:
+    """``row`` with the metric names of earlier versions replaced by today's: ``loss/<key>``
+    of a :func:`fbands.losses.policy_loss` metric became ``band/<key>``, and
+    :data:`LEGACY_NAMES`."""
+    from fbands.losses import METRIC_KEYS
+
+    if not isinstance(row, dict):
+        return row
+    old = {f"loss/{k}": f"band/{k}" for k in METRIC_KEYS} | LEGACY_NAMES
+    return {old.get(k, k): v for k, v in row.items()}
+
+
 #: the metrics that the plot and the table read, besides ``step``
-READ_KEYS = (*(key for key, _ in CURVES), "loss/tail_clipfrac_upper", "tokens_per_s")
+READ_KEYS = (*(key for key, _ in CURVES), "band/tail_clipfrac_upper", "tokens_per_s")
 
 
 def _checked_row(row, where: str) -> dict:
@@ -71,7 +89,7 @@ def steps_to(rows: list[dict], key: str, target: float) -> int | None:
 def summarize(rows: list[dict], target: float = 0.8) -> dict:
     """Final reward, accuracy and entropy, mean entropy, steps to ``target`` accuracy.
 
-    ``tail_clip_up`` is the mean over steps of ``loss/tail_clipfrac_upper``: the share of
+    ``tail_clip_up`` is the mean over steps of ``band/tail_clipfrac_upper``: the share of
     tokens with old probability below 0.1 and a positive advantage whose ratio was clipped
     at the upper edge (the gradient the band is meant to keep).
     """
@@ -87,7 +105,7 @@ def summarize(rows: list[dict], target: float = 0.8) -> dict:
             "final_accuracy": last("accuracy"), "final_p_correct": last("p_correct"),
             "final_entropy": last("entropy"), "mean_entropy": mean("entropy"),
             f"steps_to_acc_{target:g}": steps_to(rows, "accuracy", target),
-            "tail_clip_up": mean("loss/tail_clipfrac_upper"),
+            "tail_clip_up": mean("band/tail_clipfrac_upper"),
             "tokens_per_s": mean("tokens_per_s")}
 
 

@@ -283,7 +283,7 @@ def _update(run: Run, r: _Rollout) -> _Updates:
             run.optimizer.step()
             per_update.append({"loss/total": loss.detach(), "loss/pg": pg_loss.detach(),
                                "loss/kl_ref": kl_ref.detach(), "grad_norm": grad_norm,
-                               **{f"loss/{k}": v for k, v in loss_metrics.items()}})
+                               **{f"band/{k}": v for k, v in loss_metrics.items()}})
     return _Updates(per_update, ratio_stats, clip_counts, last_epoch)
 
 
@@ -316,10 +316,10 @@ def _summary(run: Run, step: int, r: _Rollout, u: _Updates, t_start: float,
                            off.min(0).values]).tolist()
     means = {}
     for j, key in enumerate(keys):
-        name = key.removeprefix("loss/")
+        name = key.removeprefix("band/")
         pick = 0 if name not in METRIC_KEYS else {"ratio_max": 2, "ratio_min": 3}.get(name, 1)
         means[key] = summary[pick][j]
-    means["kl/last_epoch"] = float(stacked[u.last_epoch:, keys.index("loss/approx_kl_k3")]
+    means["kl/last_epoch"] = float(stacked[u.last_epoch:, keys.index("band/approx_kl_k3")]
                                    .mean())
     per_stat = torch.stack(u.ratio_stats).T.tolist()  # (stats, updates)
     means |= {f"update/{name}": values
@@ -356,12 +356,12 @@ def _summary(run: Run, step: int, r: _Rollout, u: _Updates, t_start: float,
            "time/band_share": r.t_band / (t_end - t_start),
            **clip_split_metrics(u.clip_counts)}
     if r.gate is not None:  # the mean gate weight of the response tokens (kept share)
-        row["gate/weight"] = float((r.gate * mask).sum() / mask.sum().clamp(min=1))
+        row["band/gate_weight"] = float((r.gate * mask).sum() / mask.sum().clamp(min=1))
     if r.step_cfg.uses_radius:  # the radius this step's band used
-        row["delta"] = r.step_cfg.delta
+        row["band/delta"] = r.step_cfg.delta
         if adaptive:  # the rule's input and output
-            row["delta/measured_kl"] = row["kl/update"]
-            row["delta/next"] = run.schedule.update(row["delta/measured_kl"])
+            row["band/measured_kl"] = row["kl/update"]
+            row["band/delta_next"] = run.schedule.update(row["band/measured_kl"])
     row |= answer_metrics(run.codec, run.task, r.prompts, batch, r.rewards, r.logp_old,
                           cfg.group_size)
     return row
