@@ -57,7 +57,7 @@ def loss_on_fixed_batch(t) -> dict:
     full = fake_batch(t, seed=2, batch=SEQUENCES)  # the same on every process (seeded)
     t.model.train()
     t.model.zero_grad()
-    loss = t._compute_loss(t.model, share(full, a.process_index, a.num_processes))
+    loss = t.compute_loss(t.model, share(full, a.process_index, a.num_processes))
     loss.backward()
     grads = torch.cat([p.grad.reshape(-1) for p in t.model.parameters()])
     mean_loss = a.reduce(loss.detach(), reduction="mean")

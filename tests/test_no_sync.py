@@ -308,7 +308,7 @@ def trl_call(tmp_path_factory):
 def _trl_step(trainer, inputs) -> SyncDetector:
     trainer.model.zero_grad()
     with SyncDetector() as det:
-        trainer._compute_loss(trainer.model, inputs).backward()
+        trainer.compute_loss(trainer.model, inputs).backward()
     return det
 
 

@@ -218,7 +218,7 @@ def fake_batch(trainer, seed=1, batch=4, prompt_len=3, completion_len=5):
 def loss_and_grads(trainer, inputs):
     trainer.model.train()
     trainer.model.zero_grad()
-    loss = trainer._compute_loss(trainer.model, inputs)
+    loss = trainer.compute_loss(trainer.model, inputs)
     loss.backward()
     return loss.detach(), [p.grad.clone() for p in trainer.model.parameters()]
 
@@ -287,7 +287,7 @@ def test_mismatch_gate_is_one_more_factor_of_the_weights(twin_trainers):
         gated, _ = loss_and_grads(band, inputs)
         logged = band._metrics["train"]["band/gate_weight"][-1]
         with pytest.raises(RuntimeError, match="sampling_per_token_logps"):
-            band._compute_loss(band.model, {k: v for k, v in inputs.items()
+            band.compute_loss(band.model, {k: v for k, v in inputs.items()
                                             if k != "sampling_per_token_logps"})
     finally:
         band._band_gate = None
@@ -312,6 +312,29 @@ def test_gate_options_are_checked_at_configuration(tmp_path, options, match):
     cap = make_args(tmp_path, band_gate_div="kl&reverse_kl", band_gate_mode="cap",
                     use_vllm=True, vllm_importance_sampling_correction=False)
     assert cap.band_gate() == {"div": "kl&reverse_kl", "delta": 0.01, "mode": "cap"}
+
+
+def test_the_trl_surface_the_band_trainer_relies_on():
+    """Fails when TRL changes one of the places BandGRPOTrainer's docstring lists."""
+    import inspect
+
+    source = inspect.getsource(GRPOTrainer)
+    # compute_loss is the loss's one entry: TRL reaches its _compute_loss from there only
+    assert list(inspect.signature(GRPOTrainer.compute_loss).parameters) == [
+        "self", "model", "inputs", "return_outputs", "num_items_in_batch"]
+    assert source.count("self._compute_loss(") == 1
+    assert BandGRPOTrainer.compute_loss is not GRPOTrainer.compute_loss
+    # the three private methods overridden, with the arguments the overrides pass on
+    signatures = {"_generate_and_score_completions": ["self", "inputs"],
+                  "_save_checkpoint": ["self", "model", "trial"],
+                  "_load_from_checkpoint": ["self", "resume_from_checkpoint", "model"]}
+    for name, head in signatures.items():
+        assert list(inspect.signature(getattr(GRPOTrainer, name)).parameters)[:len(head)] \
+            == head, name
+        assert getattr(BandGRPOTrainer, name) is not getattr(GRPOTrainer, name), name
+    for name in ("_get_per_token_logps_and_entropies", "get_off_policy_mask",
+                 "get_high_entropy_mask"):
+        assert callable(getattr(GRPOTrainer, name)), name
 
 
 def test_guide_laptop_example_runs(tmp_path, monkeypatch):

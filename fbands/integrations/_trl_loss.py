@@ -1,6 +1,9 @@
 r"""The per-token loss of :class:`fbands.integrations.trl.BandGRPOTrainer`, and its metrics.
 
-:class:`BandLoss` is the part of the trainer that replaces TRL's ``_compute_loss``: the
+:class:`BandLoss` is the part of the trainer that replaces TRL's loss through
+``compute_loss``, the method TRL documents for changing the objective (TRL's own
+``compute_loss`` only calls its private ``_compute_loss``, which the band trainer never
+reaches): the
 policy term is :func:`fbands.losses.policy_loss` in ``token-sum`` mode with per-token
 weights :math:`W_t` that carry TRL's normalisation (:meth:`BandLoss._normalisation_weights`)
 and TRL's per-token factors (off-policy mask, top-entropy mask, vLLM's importance-sampling
@@ -45,9 +48,16 @@ FORWARD_KEYS = (
 
 
 class BandLoss:
-    """TRL's ``_compute_loss`` with the band's policy term (a mixin of ``GRPOTrainer``)."""
+    """TRL's loss with the band's policy term (a mixin of ``GRPOTrainer``)."""
 
-    def _compute_loss(self, model, inputs):
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The loss of one micro-batch (TRL's ``compute_loss`` signature; the token count
+        comes with ``inputs``, as TRL's own loss reads it)."""
+        if return_outputs:
+            raise ValueError("BandGRPOTrainer does not return outputs (nor does GRPOTrainer)")
+        return self._band_loss(model, inputs)
+
+    def _band_loss(self, model, inputs):
         mode = "train" if self.model.training else "eval"
         prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
         completion_mask = inputs["completion_mask"]

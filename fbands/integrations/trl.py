@@ -379,6 +379,22 @@ class BandGRPOTrainer(BandLoss, GRPOTrainer):
     Takes the same arguments as :class:`trl.GRPOTrainer`; ``args`` must be a
     :class:`BandGRPOConfig`.
 
+    What of TRL it relies on: the loss goes through ``compute_loss``, the method TRL
+    documents for changing the objective; the config through :class:`BandGRPOConfig`, a
+    subclass of TRL's.  Three private methods are overridden, because no public hook does
+    their job, and a test (``tests/test_trl.py``, *the TRL surface*) fails when TRL changes
+    any of them:
+
+    * ``_generate_and_score_completions``: the band is computed once per generation batch,
+      from the old log-probabilities that TRL computes there, and travels with the batch
+      through TRL's shuffling and splitting; a scheduled radius moves at that point, where
+      an adaptive one reads the last pass's KL;
+    * ``_save_checkpoint`` and ``_load_from_checkpoint``: an adaptive radius's state is
+      saved beside TRL's checkpoint and restored with it.
+
+    The loss also calls TRL's helpers ``_get_per_token_logps_and_entropies``,
+    ``get_off_policy_mask`` and ``get_high_entropy_mask``, as TRL's own loss does.
+
     Raises
     ------
     TRLBandError
