@@ -498,3 +498,25 @@ def test_distillations_call_with_its_own_config_is_refused_not_defaulted():
     old, new, adv, mask = batch()
     with pytest.raises(fv.VerlBandError, match="DistillationLossConfig.*distillation"):
         call("band", old, new, adv, mask, DistillationLossConfig())
+
+
+def test_bypass_mode_refuses_to_replace_a_band_loss():
+    """verl's v0 trainer with rollout_correction.bypass_mode=true swaps the configured loss
+    for its own; with a band configured the swap raises instead (other losses pass)."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo import rollout_corr_helper
+
+    fv.register()  # idempotent: the guard is installed once
+    fv.register()
+    for mode in ("band", "band_mask", "band_gppo", "fbands"):
+        config = OmegaConf.create({"loss_mode": mode})
+        with pytest.raises(fv.VerlBandError, match=f"replaces the policy loss '{mode}'"):
+            rollout_corr_helper.apply_bypass_mode(object(), None, config)
+        assert config.loss_mode == mode  # untouched
+    # verl's own loss goes to verl's function (which wants rollout log-probs in the batch)
+    from verl import DataProto
+
+    batch = DataProto.from_dict(tensors={"old_log_probs": torch.zeros(1, 2)})
+    vanilla = OmegaConf.create({"loss_mode": "vanilla"})
+    with pytest.raises(ValueError, match="rollout_log_probs"):
+        rollout_corr_helper.apply_bypass_mode(batch, None, vanilla)

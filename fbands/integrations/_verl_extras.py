@@ -118,3 +118,31 @@ def verl_metrics(raw: Mapping[str, torch.Tensor]) -> dict[str, float]:
     sources = list(names.values()) + list(raw)
     values = torch.stack([raw[k].detach().double().reshape(()) for k in sources]).tolist()
     return dict(zip(keys, values, strict=True))
+
+
+def guard_bypass_mode(helper, loss_modes, error: type[Exception]) -> None:
+    """Make verl's rollout-correction *bypass mode* refuse a band loss (idempotent).
+
+    verl's v0 trainer, with ``algorithm.rollout_correction.bypass_mode=true``, calls
+    ``helper.apply_bypass_mode`` (``helper`` is ``verl.trainer.ppo.rollout_corr_helper``)
+    before each actor update, which sets ``policy_loss.loss_mode="bypass_mode"``: verl's own
+    loss then replaces whatever loss was configured, a band included, without a word.  The
+    wrapper raises ``error`` instead when the configured mode is one of ``loss_modes``, and
+    passes any other mode to verl's function unchanged.
+    """
+    original = helper.apply_bypass_mode
+    if getattr(original, "fbands_guard", False):
+        return
+
+    def apply_bypass_mode(batch, rollout_corr_config=None, policy_loss_config=None):
+        mode = None if policy_loss_config is None else policy_loss_config.get("loss_mode")
+        if mode in loss_modes:
+            raise error(f"algorithm.rollout_correction.bypass_mode=true replaces the policy "
+                        f"loss {mode!r} by verl's own 'bypass_mode' loss, so the band would "
+                        "not be trained with: set bypass_mode=false (verl's importance "
+                        "weights, rollout_is=..., work with the band), or choose a verl loss")
+        return original(batch, rollout_corr_config, policy_loss_config)
+
+    apply_bypass_mode.fbands_guard = True
+    apply_bypass_mode.__doc__ = original.__doc__
+    helper.apply_bypass_mode = apply_bypass_mode

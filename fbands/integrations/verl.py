@@ -26,18 +26,16 @@ or name it by a preset of :func:`fbands.losses.preset` (as ``fbands train --loss
 ``loss_mode=fbands`` and ``+...policy_loss.preset=band-kl`` (``clip-higher``, ``dcpo``, ...;
 see :class:`BandPolicyLossConfig` for the fields that win over a preset).
 
-verl's Ray workers build the actor configuration with ``hydra.utils.instantiate``,
-which imports this module to find :class:`BandPolicyLossConfig`; that import is what
-registers the losses, so the overrides above are enough inside every worker. Two more
-ways to load the plug-in exist: the ``verl.plugins`` entry point that the fbands
-distribution declares (verl loads every such entry point on ``import verl``), and
-verl's environment variable ``VERL_USE_EXTERNAL_MODULES=fbands.integrations.verl``.
+verl's Ray workers build the actor configuration with ``hydra.utils.instantiate``, which
+imports this module to find :class:`BandPolicyLossConfig`; that import registers the losses,
+so the overrides above are enough inside every worker.  The ``verl.plugins`` entry point of
+the fbands distribution (loaded on ``import verl``) and verl's environment variable
+``VERL_USE_EXTERNAL_MODULES=fbands.integrations.verl`` load the plug-in too.
 
-verl calls a policy loss without the global step.  A decaying radius
-(``+...policy_loss.delta_schedule=cosine:0.1:0.02:1000``, :func:`fbands.parse_schedule`)
-therefore needs fbands' trainer, which passes the step along:
-``trainer.v1.trainer_mode=fbands_sync`` (:mod:`fbands.integrations.verl_trainer`).  The radius
-used is logged as ``actor/band/delta``.
+verl calls a policy loss without the global step, so a decaying radius
+(``+...policy_loss.delta_schedule=cosine:0.1:0.02:1000``, :func:`fbands.parse_schedule`) needs
+fbands' trainer, which passes it: ``trainer.v1.trainer_mode=fbands_sync``
+(:mod:`fbands.integrations.verl_trainer`).  The radius used is logged as ``actor/band/delta``.
 """
 
 from __future__ import annotations
@@ -49,6 +47,7 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from verl.trainer.ppo import rollout_corr_helper
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, agg_loss, register_policy_loss
 from verl.workers.config import ActorConfig, PolicyLossConfig
 
@@ -58,7 +57,12 @@ from fbands import losses as fl
 from fbands.errors import ConfigError
 from fbands.integrations._names import merge, mode_fields
 from fbands.integrations._options import as_bool, as_float, as_str
-from fbands.integrations._verl_extras import clip_counts, resolve_aliases, verl_metrics
+from fbands.integrations._verl_extras import (
+    clip_counts,
+    guard_bypass_mode,
+    resolve_aliases,
+    verl_metrics,
+)
 from fbands.integrations._verl_step import schedule_for, scheduled
 
 __all__ = [
@@ -459,10 +463,7 @@ def _make_loss(loss_mode: str):
 
     band_policy_loss.__name__ = f"fbands_{loss_mode}_policy_loss"
     band_policy_loss.__qualname__ = band_policy_loss.__name__
-    band_policy_loss.__doc__ = (
-        f"verl policy loss ``{loss_mode}``: :func:`compute_policy_loss` with "
-        f"``loss_mode={loss_mode!r}``."
-    )
+    band_policy_loss.__doc__ = f"verl policy loss ``{loss_mode}``: :func:`compute_policy_loss`."
     return band_policy_loss
 
 
@@ -470,10 +471,9 @@ _LOSS_FNS = {mode: _make_loss(mode) for mode in LOSS_MODES}
 
 
 def register() -> list[str]:
-    """Register the band losses with verl (idempotent); return their names.
-
-    This is what importing the module does; the ``verl.plugins`` entry point of the
-    fbands distribution names this module.
+    """Register the band losses with verl (idempotent; what importing the module does, and
+    the ``verl.plugins`` entry point names this module); make verl's rollout-correction
+    bypass mode refuse them (:func:`~fbands.integrations._verl_extras.guard_bypass_mode`).
 
     Returns
     -------
@@ -492,6 +492,7 @@ def register() -> list[str]:
     for mode, fn in _LOSS_FNS.items():
         if POLICY_LOSS_REGISTRY.get(mode) is not fn:
             register_policy_loss(mode)(fn)
+    guard_bypass_mode(rollout_corr_helper, LOSS_MODES, VerlBandError)
     return list(_LOSS_FNS)
 
 
