@@ -38,16 +38,24 @@ LEGACY_NAMES = {"delta": "band/delta", "delta/measured_kl": "band/measured_kl",
                 "delta/next": "band/delta_next", "gate/weight": "band/gate_weight"}
 
 
-def current_names(row: dict) -> dict:
-    """``row`` with the metric names of earlier versions replaced by today's: ``loss/<key>``
-    of a :func:`fbands.losses.policy_loss` metric became ``band/<key>``, and
-    :data:`LEGACY_NAMES`."""
-    from fbands.losses import METRIC_KEYS
+#: The ``loss/`` names that are losses, not :func:`fbands.losses.policy_loss` metrics: they
+#: keep their names.
+LOSS_NAMES = ("loss/total", "loss/pg", "loss/kl_ref")
 
+
+def current_names(row: dict) -> dict:
+    """``row`` with the metric names of earlier versions replaced by today's: every other
+    ``loss/<key>`` (a metric of :func:`fbands.losses.policy_loss`) became ``band/<key>``, and
+    :data:`LEGACY_NAMES`.  (No torch needed: ``fbands compare`` runs in a core install.)"""
     if not isinstance(row, dict):
         return row
-    old = {f"loss/{k}": f"band/{k}" for k in METRIC_KEYS} | LEGACY_NAMES
-    return {old.get(k, k): v for k, v in row.items()}
+
+    def new(key):
+        if key.startswith("loss/") and key not in LOSS_NAMES:
+            return "band/" + key.removeprefix("loss/")
+        return LEGACY_NAMES.get(key, key)
+
+    return {new(k): v for k, v in row.items()}
 
 
 #: the metrics that the plot and the table read, besides ``step``
