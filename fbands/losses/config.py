@@ -219,8 +219,7 @@ class LossConfig:
         if self.uses_radius:
             # An unknown or malformed divergence fails here, not at the first batch.  The
             # string is parsed by fbands.get, never evaluated as code.
-            for name in self.divs:
-                get(name)
+            checked_divs(self.div)
         _check_number("delta", self.delta, low=0.0, low_open=True)
         _check_number("eps_low", self.eps_low, low=0.0, high=1.0)
         _check_number("eps_high", self.eps_high, low=0.0)
@@ -255,6 +254,15 @@ def split_divs(div: str) -> tuple[str, ...]:
     names = tuple(part.strip() for part in div.split("&"))
     if not all(names):
         raise LossError(f"div={div!r}: an empty divergence name around '&'")
+    return names
+
+
+def checked_divs(div: str) -> tuple[str, ...]:
+    """:func:`split_divs`, each name looked up by :func:`fbands.get` (which parses it, never
+    evaluates it): an unknown or malformed one raises :class:`fbands.DivergenceError`."""
+    names = split_divs(div)
+    for name in names:
+        get(name)
     return names
 
 

@@ -29,7 +29,6 @@ from torch import Tensor
 
 from fbands import _checks
 from fbands._inputs import FILL_LOGP
-from fbands.divergences import get
 from fbands.errors import LossError
 from fbands.losses.band import intersected_log_bounds
 from fbands.losses.checks import (
@@ -40,7 +39,7 @@ from fbands.losses.checks import (
     _resolve_check,
     _validate,
 )
-from fbands.losses.config import split_divs
+from fbands.losses.config import checked_divs, split_divs
 
 #: What :func:`mismatch_gate` returns: a 0/1 mask, or the importance weight capped by the band.
 GATE_MODES = ("mask", "cap")
@@ -142,8 +141,7 @@ def gate_options(div: str | None, delta: float, mode: str, *, prefix: str = "") 
     if not isinstance(div, str):
         raise LossError(f"{prefix}gate_div={div!r}: must be a divergence name")
     try:
-        for name in split_divs(div):
-            get(name)
+        checked_divs(div)
     except (LossError, ValueError) as err:
         raise LossError(f"{prefix}gate_div={div!r}: {err}") from err
     _checks.number(f"{prefix}gate_delta", delta, LossError, low=0.0, low_open=True)

@@ -58,6 +58,8 @@ class Task:
         """Whether ``prompt`` belongs to the evaluation split: the first byte of the SHA-256
         of its text falls below ``held_out_share * 256`` (never, by default).  A held-out
         prompt is drawn neither for RL training nor for the warm start."""
+        if not self.has_split:
+            return False
         digest = hashlib.sha256(prompt.text.encode()).digest()
         return digest[0] < self.held_out_share * 256
 

@@ -50,8 +50,9 @@ def sample(model, codec: Codec, prompt_texts: list[str], group_size: int, max_ne
         with autocast():
             hidden, past = body_forward(model, step_ids, mask, step_pos, past)  # (B, t, D)
             logits = head(hidden[:, -1]).float() / temperature  # (B, V)
-        token = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)  # (B, 1)
-        logps.append(torch.log_softmax(logits, -1).gather(1, token))  # (B, 1)
+        probs = torch.softmax(logits, -1)  # (B, V)
+        token = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
+        logps.append(probs.gather(1, token).log())  # (B, 1): a drawn token's p is > 0
         token = torch.where(done[:, None], codec.pad_id, token)
         valid.append(~done)
         tokens.append(token)
