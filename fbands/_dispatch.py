@@ -21,6 +21,7 @@ import numpy as np
 from fbands._checks import is_positive
 from fbands._inputs import check_kind, is_tensor, scalar_delta, work_dtype
 from fbands._optional import raise_missing
+from fbands._refine import HUGE_DELTA
 from fbands.divergences import Divergence, get
 from fbands.errors import BandError
 
@@ -102,7 +103,8 @@ def plan(div: Divergence, p: Any, delta: Any, *, backend: str = "auto", logp: bo
               numba when it imports; else numpy
     numpy     always                                                              exact
     cvxpy     always                                                              exact
-    numba     float32/float64 array of size > 0, one valid scalar ``delta``,       closed-pass
+    numba     float32/float64 array of size > 0, one valid scalar ``delta`` below  closed-pass
+              :data:`~fbands._refine.HUGE_DELTA`,
               ratios of ``p`` (neither ``logp`` nor ``log``), closed forms of
               both edges with no squaring (:func:`fbands._jit.backend.has_closed_pass`)
     numba     float32/float64 array of size > 0, one valid scalar ``delta`` of     table
@@ -170,7 +172,7 @@ def _numba_path(div, p, delta, *, logp: bool, log: bool) -> str:
     if (d is None or not is_positive(d) or not isinstance(p, np.ndarray)
             or p.dtype not in (np.float32, np.float64) or p.size == 0):
         return EXACT
-    if not (logp or log) and _module("numba").has_closed_pass(div):
+    if not (logp or log) and d < HUGE_DELTA and _module("numba").has_closed_pass(div):
         return CLOSED_PASS
     return TABLE if d >= TABLE_DELTA_MIN else EXACT
 

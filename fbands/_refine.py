@@ -14,10 +14,11 @@ import math
 
 import numpy as np
 
-from fbands._solver import LP_TINY, NAMESPACE, BandFunction, Inputs, Namespace
+from fbands._solver import LP_TINY, NAMESPACE, BandFunction, Inputs, Namespace, solve
 from fbands._solver import NUMPY as xp
 
-__all__ = ["CLOSE_TO_SATURATION", "REFINE_ABOVE", "SMALL_EDGE", "near_saturation",
+__all__ = ["CLOSE_TO_SATURATION", "HUGE_DELTA", "REFINE_ABOVE", "SMALL_EDGE", "near_saturation",
+           "solve_huge_radius",
            "refine_near_saturation"]
 
 
@@ -151,9 +152,13 @@ def refine_near_saturation(
         # g's terms keep ``digits`` (the bits of a float64 p reach 2^-52 p).
         extra = max(0, math.ceil(-float(x.lp[i]) / math.log(10))) + 5
         with mp.workdps(digits + extra):
-            p = mp.exp(mp.mpf(float(x.lp[i]))) if from_logp else mp.mpf(float(x.p[i]))
+            if from_logp:  # q from expm1: exp(log p) of a p within 1e-60 of 1 rounds to 1
+                lp = mp.mpf(float(x.lp[i]))
+                p, q = mp.exp(lp), -mp.expm1(lp)
+            else:
+                p = mp.mpf(float(x.p[i]))
+                q = 1 - p
             delta = mp.mpf(float(x.delta[i]))
-            q = 1 - p
             f0 = div.mpmath_f0()
 
             def h(r, p=p, q=q, delta=delta, f0=f0):  # decreasing on [0, 1]
@@ -201,3 +206,43 @@ def _secant_root(mp, h, guess: float, digits: int):
         if hc == 0 or b - a <= tol * b:
             return c
     return (a + b) / 2  # pragma: no cover - converges well within the limit
+
+
+#: Radii from this one on are solved in :data:`EXTENDED` precision (its wider exponent
+#: range, not its digits): there the terms of g (``F(s)`` up to ``delta / p``, ``1 / q``
+#: for a log p near 0) and the tiny-p equation's ``T(w)`` overflow float64 on the way to the
+#: root, and Newton stops at the overflow instead of the edge.  Below it every term at and
+#: around the root is a float64 (issue 42, P7; ``tests/test_extreme_radii.py``).
+HUGE_DELTA = 1e60
+#: The binary exponents the extended type must reach: ``F`` at the root, ``delta / p`` (up
+#: to 1e308 / 5e-324, about 2^2100), with room for Newton's steps around it.
+_EXTENDED_EXPONENT = 4096
+
+
+def extended_has_range() -> bool:
+    """Whether :data:`EXTENDED` reaches far beyond float64 (80-bit and quad: 2^16384)."""
+    return int(np.finfo(EXTENDED).maxexp) >= _EXTENDED_EXPONENT
+
+
+def solve_huge_radius(div, x: Inputs, s_lo, s_hi, *, from_logp: bool):
+    """``(s_lo, s_hi)`` with the elements of radius at least :data:`HUGE_DELTA` solved again
+    by the same solver in :data:`EXTENDED` precision, and rounded once to float64; nan where
+    the platform's extended type has float64's range (Windows, macOS on ARM), never a
+    wrong edge."""
+    huge = np.broadcast_to(x.delta >= HUGE_DELTA, np.shape(s_lo))
+    if not huge.any():
+        return s_lo, s_hi
+    s_lo, s_hi = np.array(s_lo, dtype=np.float64), np.array(s_hi, dtype=np.float64)
+    if not extended_has_range():
+        s_lo[huge], s_hi[huge] = np.nan, np.nan
+        return s_lo, s_hi
+    ld = EXTENDED
+    pick = [np.broadcast_to(a, huge.shape)[huge] for a in (x.lp, x.lq, x.p, x.q, x.delta)]
+    lp, lq, p, q, delta = (a.astype(ld) for a in pick)
+    if from_logp:  # p and q again from log p, with the extended type's digits
+        p, q = np.exp(lp), -np.expm1(lp)
+        lq = np.log(q)
+    with np.errstate(all="ignore"):
+        lo, hi = solve(div, xp_extended, Inputs(lp, lq, p, q, delta), closed_forms=False)
+    s_lo[huge], s_hi[huge] = lo.astype(np.float64), hi.astype(np.float64)
+    return s_lo, s_hi

@@ -117,7 +117,7 @@ def _close_log(got: float, want) -> bool:
     """``log r`` to 1e-12 relatively, or ``r`` to a few ulps of 1 (docs/theory/numerics.md:
     where the near form of F still cancels at O(s), as js's does, the edge next to 1 is
     accurate to about eps / |r - 1| relatively; js reaches 2.5 ulps)."""
-    if want == -mp.inf:
+    if float(want) == -math.inf:  # (a log below -1.8e308 is -inf as a float)
         return got == -math.inf
     return abs(got - float(want)) <= 1e-12 * abs(float(want)) + 4 * 2.0**-52
 
@@ -135,3 +135,63 @@ def test_extreme_inputs_in_log_space_against_the_reference(div, logp, log10_delt
         lo, hi = fbands.log_bounds(np.array([logp]), delta, div, backend=backend, logp=True)
         assert _close_log(lo[0], want[0]), (backend, lo[0], float(want[0]))
         assert _close_log(hi[0], want[1]), (backend, hi[0], float(want[1]))
+
+
+#: Radii at which the terms of g overflow float64 on the way to the root (issue 42, P7):
+#: solved in extended precision, so every path gives the edge, not where the overflow stopped.
+HUGE = [1e61, 1e100, 1e200, 1e300, 1.7976931348623157e308]
+HUGE_PS = [5e-321, 1e-300, 1e-200, 1e-130, 1e-100, 1e-50, 1e-10, 0.3, 0.9]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("user_divergence")
+@pytest.mark.parametrize("div", DIVS)
+def test_a_huge_radius_gives_the_edges_of_the_reference(div):
+    """Every divergence of tests/reference.py at radii from 1e61 to the largest float, p
+    from the smallest subnormals to 0.9, on the numpy and numba backends and a CPU tensor;
+    before, alpha(3) gave nan or an edge where F overflowed (p = 1e-200: 2.6e169 against
+    4.8e169), alpha(10) at delta 1e300 stopped at log r = 709.78 / 10."""
+    if not __import__("fbands._refine", fromlist=["x"]).extended_has_range():
+        pytest.skip("this platform's long double has float64's range")
+    torch = pytest.importorskip("torch")
+    f = ref.TABLE[div]
+    ps = np.array(HUGE_PS)
+    for delta in HUGE:
+        with mp.workdps(ref.DPS):
+            want = [_logs(ref.edges(f, mp.mpf(p), delta)) for p in HUGE_PS]
+        got = {b: fbands.log_bounds(ps, delta, div, backend=b) for b in ("numpy", "numba")}
+        got["torch"] = tuple(t.numpy() for t in fbands.log_bounds(torch.tensor(ps), delta, div))
+        for backend, (lo, hi) in got.items():
+            for i, p in enumerate(HUGE_PS):
+                assert _close_log(lo[i], want[i][0]), (backend, p, delta, lo[i], want[i][0])
+                assert _close_log(hi[i], want[i][1]), (backend, p, delta, hi[i], want[i][1])
+
+
+def _logs(edges):
+    lower, upper = edges
+    return (-mp.inf if lower == 0 else mp.log(lower)), mp.log(upper)
+
+
+def test_the_device_solver_gives_nan_not_a_wrong_edge_at_a_huge_radius():
+    """Without an extended type on the device, the fixed-count solver cannot reach the root
+    of a huge radius: nan, never the edge where float64 overflowed."""
+    torch = pytest.importorskip("torch")
+    from fbands._dispatch import compute
+
+    p = torch.tensor([1e-200, 0.5], dtype=torch.float64)
+    for delta, finite in ((1e300, False), (1.0, True)):
+        lo, hi = compute("log_edges", "alpha(a=3)", p, torch.full_like(p, delta), "torch",
+                         invalid="nan", path="device-solver")
+        assert bool(torch.isfinite(hi).all()) == finite
+        assert bool(torch.isnan(lo).any()) != finite
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_a_tie_at_saturation_next_to_p_1_is_decided_not_a_crash(backend):
+    """tv at delta = 1 saturates its lower edge where g(p, 0) = p <= 1; for log p = -1e-60
+    the tie goes to the mpmath tier, which took p = exp(log p) as 1 at its working digits
+    and divided by q = 0 (a ZeroDivisionError): q now comes from expm1."""
+    lps = np.array([-1e-60, -1e-80, -1e-160, -1e-220])
+    lo, hi = fbands.log_bounds(lps, 1.0, "tv", backend=backend, logp=True)
+    assert (lo == -np.inf).all()  # g(p, 0) = p < 1 = delta: the ball reaches r = 0
+    np.testing.assert_allclose(hi, -lps, rtol=1e-15)  # saturated at 1 / p

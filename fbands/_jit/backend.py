@@ -33,7 +33,7 @@ from fbands._inputs import NumpyInputs, check_values, invalid_masks
 from fbands._jit import loader, table_kernels, threads
 from fbands._jit.codegen import has_closed_pass
 from fbands._jit.prims import BLOCK, unfinished
-from fbands._refine import refine_near_saturation
+from fbands._refine import refine_near_saturation, solve_huge_radius
 from fbands._solver import LP_CLOSED, Inputs
 from fbands.tables.build import LAYOUTS, Table
 from fbands.tables.cache import TABLES
@@ -129,13 +129,14 @@ def exact_log_edges(div, x: _solver.Inputs, refine: float, *, from_logp: bool):
     """Exact log-edges of prepared flat float64 inputs: the compiled scalar solver
     (:mod:`fbands._jit.scalar`), then the lower edges that float64 cannot resolve redone in
     extended precision (:func:`fbands._refine.refine_near_saturation`,
-    above the error ``refine``)."""
+    above the error ``refine``), and the elements of a huge radius
+    (:func:`fbands._refine.solve_huge_radius`)."""
     lo, hi = np.empty_like(x.lp), np.empty_like(x.lp)
     with threads.sized(lo.size, "exact"):
         loader.kernels(div).solve_arrays(x.lp, x.lq, x.p, x.q, x.delta, lo, hi)
     with np.errstate(all="ignore"):
         lo = refine_near_saturation(div, x, lo, from_logp=from_logp, above=refine)
-    return lo, hi
+        return solve_huge_radius(div, x, lo, hi, from_logp=from_logp)
 
 
 def exact(div, p, delta, *, logp, invalid, check, log):

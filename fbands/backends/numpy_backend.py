@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from fbands._inputs import NumpyInputs, check_values
-from fbands._refine import refine_near_saturation
+from fbands._refine import refine_near_saturation, solve_huge_radius
 from fbands._solver import NUMPY as xp
 from fbands._solver import Inputs, solve
 
@@ -22,7 +22,7 @@ def solve_log_edges(div, x: NumpyInputs):
     with np.errstate(all="ignore"):
         s_lo, s_hi = solve(div, xp, inputs)
         s_lo = refine_near_saturation(div, inputs, s_lo, from_logp=x.logp)
-    return s_lo, s_hi
+        return solve_huge_radius(div, inputs, s_lo, s_hi, from_logp=x.logp)
 
 
 #: Elements the numpy backend solves at once.  The solver holds a few dozen float64

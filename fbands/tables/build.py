@@ -89,6 +89,7 @@ def _solve_z(div, z: np.ndarray, high: np.ndarray, delta: float, refine: float):
         x = _solver.Inputs(*flat, np.full_like(flat[0], delta))
         lo, hi = _solver.solve(div, _solver.NUMPY, x)
         suspect = _refine.near_saturation(div, x, lo, refine)
+        lo, hi = _refine.solve_huge_radius(div, x, lo, hi, from_logp=False)
     return lo.reshape(z.shape), hi.reshape(z.shape), lp, suspect.reshape(z.shape)
 
 
@@ -132,10 +133,10 @@ class _Fitter:
         # Fit the variation about the mean and add the mean back to the constant term:
         # the other coefficients then carry rounding of the variation alone, not of the
         # value (a log-edge of -500 varying by 0.1 would lose a hundred ulp otherwise).
-        base = finite.mean(axis=1)
-        mono = ((finite - base[:, None]) @ self.fit_matrix)[:, ::-1]
-        mono[:, -1] += base
-        with np.errstate(invalid="ignore", over="ignore"):
+        with np.errstate(invalid="ignore", over="ignore"):  # (ratios near 1e308: not good)
+            base = finite.mean(axis=1)
+            mono = ((finite - base[:, None]) @ self.fit_matrix)[:, ::-1]
+            mono[:, -1] += base
             err = np.abs(mono @ self.check_matrix.T - vals[:, m:])
             ok = (err <= allowed(vals[:, m:])).all(axis=1)
         good = np.isfinite(vals).all(axis=1) & ~saturated.any(axis=1) & ok
