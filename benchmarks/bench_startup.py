@@ -13,6 +13,11 @@ the built-in derivations), and **warm** processes run next on the same directori
 every later process of that machine pays).  Reported: ``import fbands``, the first call,
 the next call, the whole process, and the notices (stderr lines) the cold process printed.
 
+Then large arrays (2^20 probabilities of the first divergence), each dtype: the first call
+of ``auto`` on a cold cache, ``fbands compile``, ``auto`` again (now numba's passes), and on
+a second cold cache ``backend="numba"`` for float64 then float32 (each compiles on its first
+call): what a user meets who never compiles ahead, and what compiling ahead buys.
+
 Run::
 
     python benchmarks/bench_startup.py            # every built-in divergence, 3 warm runs
@@ -59,9 +64,13 @@ elif kind == "torch":
     import torch
     x = torch.tensor(p, dtype=torch.float64)
     call = lambda: fbands.bounds(x, 0.05, div)
-else:
+elif kind == "log_bounds":
     x = np.log(p).astype(np.float32)
     call = lambda: fbands.log_bounds(x, 0.05, div, logp=True)
+else:  # large arrays: "auto-float64", "numba-float32", ...
+    backend, dtype = kind.split("-")
+    x = p.astype(dtype)
+    call = lambda: fbands.bounds(x, 0.05, div, backend)
 t2 = time.perf_counter()
 call()
 t3 = time.perf_counter()
@@ -72,6 +81,11 @@ t4 = time.perf_counter()
 print(json.dumps({"import": t1 - t0, "setup": t2 - t1, "first": t3 - t2,
                   "next": (t4 - t3) / reps}))
 """
+#: The large-array rows: 2^20 probabilities, each dtype, through ``auto`` before and after
+#: ``fbands compile``, and through ``backend="numba"`` (which compiles on its first call).
+LARGE_N = 1 << 20
+LARGE_STEPS = ("auto-float64", "auto-float32", "compile", "auto-float64", "auto-float32")
+NUMBA_STEPS = ("numba-float64", "numba-float32")
 
 
 def _env(home: Path) -> dict:
@@ -89,7 +103,7 @@ def child(home: Path, kind: str, div: str, n: int) -> dict:
                          cwd=ROOT, capture_output=True, text=True, check=True)
     res = json.loads(out.stdout.strip().splitlines()[-1])
     res["process"] = time.perf_counter() - t0
-    res["notices"] = [ln for ln in out.stderr.splitlines() if ln.startswith("fbands: ")]
+    res["notices"] = _notices(out.stderr)
     return res
 
 
@@ -106,6 +120,39 @@ def first_calls(kind: str, div: str, n: int, repeats: int) -> dict:
             "warm_import_s": med["import"], "warm_first_s": med["first"],
             "warm_process_s": med["process"], "warm_notices": warm[-1]["notices"],
             "next_ms": 1e3 * med["next"]}
+
+
+def large_calls(div: str, n: int) -> list[dict]:
+    """The first call of a new process on ``n`` probabilities, in the order of
+    :data:`LARGE_STEPS` on one cold cache (``compile``: ``fbands compile`` of ``div``), then
+    :data:`NUMBA_STEPS` on another."""
+    rows = []
+    for steps in (LARGE_STEPS, NUMBA_STEPS):
+        with tempfile.TemporaryDirectory(prefix="fbands-bench-home-") as tmp:
+            home, compiled = Path(tmp), False
+            for step in steps:
+                if step == "compile":
+                    t0 = time.perf_counter()
+                    out = subprocess.run([sys.executable, "-m", "fbands", "compile", "--div",
+                                          div], env=_env(home), cwd=ROOT, capture_output=True,
+                                         text=True, check=True)
+                    rows.append({"step": "`fbands compile --div " + div + "` (both dtypes)",
+                                 "process_s": time.perf_counter() - t0, "first_s": None,
+                                 "next_ms": None, "notices": _notices(out.stderr)})
+                    compiled = True
+                    continue
+                r = child(home, step, div, n)
+                backend, dtype = step.split("-")
+                when = ("after `fbands compile`" if compiled else "cold cache") \
+                    if backend == "auto" else "cold cache, in this order"
+                rows.append({"step": f"`{backend}`, {dtype} ({when})",
+                             "process_s": r["process"], "first_s": r["first"],
+                             "next_ms": 1e3 * r["next"], "notices": r["notices"]})
+    return rows
+
+
+def _notices(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if ln.startswith("fbands: ")]
 
 
 def markdown(res: dict) -> str:
@@ -129,7 +176,21 @@ def markdown(res: dict) -> str:
             f"| {r['cold_first_s']:.2f} | {r['cold_process_s']:.2f} | {r['warm_import_s']:.2f} "
             f"| {r['warm_first_s']:.2f} | {r['warm_process_s']:.2f} | {r['next_ms']:.2f} "
             f"| {len(r['cold_notices'])} |")
-    said = sorted({ln for r in res["rows"] for ln in r["cold_notices"]})
+    if res.get("large"):
+        lines += ["", f"## Large arrays: {res['large_n']} probabilities of {res['large_div']}",
+                  "", "Each row a new process, in this order on one cold cache (the numba rows"
+                  " on a second one); `auto` answers with the numpy solver until the kernels "
+                  "are compiled ahead.", "",
+                  "| step | first call (s) | process (s) | next call (ms) | notices |",
+                  "|---|---|---|---|---|"]
+        for r in res["large"]:
+            first = "" if r["first_s"] is None else f"{r['first_s']:.2f}"
+            nxt = "" if r["next_ms"] is None else f"{r['next_ms']:.1f}"
+            lines.append(f"| {r['step']} | {first} | {r['process_s']:.2f} | {nxt} "
+                         f"| {len(r['notices'])} |")
+    said = sorted({ln for r in [*res["rows"], *[{"cold_notices": x["notices"]}
+                                                for x in res.get("large", [])]]
+                   for ln in r["cold_notices"]})
     if said:
         lines += ["", "What the cold processes announced (stderr):", ""]
         lines += [f"* `{ln}`" for ln in said]
@@ -164,9 +225,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{kind:>10} {div:>12}: cold {r['cold_first_s']:6.2f} s  "
                   f"warm {r['warm_first_s']:5.2f} s  next {r['next_ms']:.2f} ms  "
                   f"({len(r['cold_notices'])} notices)", flush=True)
+    large_n = 1 << 12 if args.quick else LARGE_N
+    large = large_calls(divs[0], large_n)
+    for r in large:
+        print(f"{r['step']}: process {r['process_s']:.2f} s", flush=True)
     res = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
                       f"Python {platform.python_version()}",
-           "repeats": repeats, "n": n, "rows": rows,
+           "repeats": repeats, "n": n, "rows": rows, "large": large, "large_n": large_n,
+           "large_div": divs[0],
            "load_average": [load_before, os.getloadavg()[0]],
            "when": time.strftime("%Y-%m-%d %H:%M")}
     args.out.mkdir(parents=True, exist_ok=True)

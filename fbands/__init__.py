@@ -9,6 +9,7 @@ import typing as _typing
 from fbands.bands import BACKENDS as BACKENDS
 from fbands.bands import bounds as bounds
 from fbands.bands import log_bounds as log_bounds
+from fbands.bands import precompile as precompile
 from fbands.calibrate import calibrate_delta as calibrate_delta
 from fbands.divergences import Divergence as Divergence
 from fbands.divergences import available as available

@@ -1,4 +1,4 @@
-"""``fbands divergences``, ``fbands bounds`` and ``fbands plot``."""
+"""``fbands divergences``, ``fbands bounds``, ``fbands compile`` and ``fbands plot``."""
 
 from __future__ import annotations
 
@@ -38,6 +38,14 @@ def register(sub) -> None:
                         "number the shortest decimal that reads back as the same float64 "
                         "(a log of 0 is -inf in csv, null in json)")
     p.set_defaults(func=_bounds)
+
+    p = sub.add_parser("compile", help="compile the numba kernels ahead, once per machine")
+    p.add_argument("--div", action="append", default=None,
+                   help="a divergence of the registry to compile for (kl, 'alpha(a=0.5)'; "
+                        "repeat for several; default: every built-in that is not a family)")
+    p.add_argument("--dtype", action="append", choices=("float32", "float64"), default=None,
+                   help="the arrays to serve (repeat for both; default: both)")
+    p.set_defaults(func=_compile)
 
     p = sub.add_parser("plot", help="draw bands against p next to fixed clipping")
     p.add_argument("--div", default="kl,tv,chi2",
@@ -133,6 +141,26 @@ def _bounds(args: argparse.Namespace) -> int:
         print("".join(h.rjust(18) for h in head))
         for row in rows:
             print("".join(_fmt(v).rjust(18) for v in row))
+    return 0
+
+
+def _compile(args: argparse.Namespace) -> int:
+    import fbands
+    from fbands.bands import DTYPES
+    from fbands.errors import DivergenceError
+
+    divs = None
+    if args.div is not None:
+        divs = []
+        for text in args.div:
+            if re.search(r"\bu\b", text):  # a generator: its kernels go by its name
+                raise DivergenceError(
+                    f"--div {text!r}: a generator's kernels are stored under the name a "
+                    "program registers it by: call fbands.precompile(name) after "
+                    "fbands.register(name, ...) in that program")
+            divs.append(fbands.get(text))
+    for name, dtype, seconds in fbands.precompile(divs, args.dtype or DTYPES):
+        print(f"{name}  {dtype}  ready ({seconds:.1f} s)")
     return 0
 
 

@@ -3,7 +3,8 @@
 The public doors (:func:`fbands.bounds`, :func:`fbands.log_bounds`) come here; from here the
 call runs one way, to a backend's implementation of one path, and no backend calls back.
 :func:`plan` reads the decision table below from the divergence, the input's type, dtype
-and device, the kind of ``delta`` and the output, never from the data's values, from
+and device, the kind of ``delta`` and the output (and, for ``backend="auto"`` on a large
+array, whether numba's kernels were compiled ahead), never from the data's values, from
 ``check`` or from a global setting; :func:`compute` validates what only it can, carries
 out the plan, and wraps it for autograd when a tensor requires grad.
 """
@@ -62,10 +63,12 @@ PATHS = {
     "numba": (CLOSED_PASS, TABLE, EXACT),
     "torch": (DEVICE_GRID, DEVICE_TABLE, HOST, DEVICE_SOLVER),
 }
-#: ``backend="auto"`` hands arrays of at least this many elements to numba: below it the
-#: numpy solver takes at most a few tens of milliseconds, and a first call compiles nothing
-#: (numba's compile takes up to a minute once per machine); above it numba's compiled
-#: passes, tens of times faster, pay.
+#: ``backend="auto"`` hands arrays of at least this many elements to numba once the
+#: kernels of their divergence and dtype were compiled ahead (:func:`fbands.precompile`):
+#: below it the numpy solver takes at most a few tens of milliseconds; above it numba's
+#: compiled passes, tens of times faster, pay.  Without compiled kernels the numpy solver
+#: answers every size: no call waits on a compile (up to a minute, once per machine) that
+#: it did not ask for.
 NUMBA_FROM = 1 << 16
 #: The smallest radius that the tables serve.  Below it a complete table takes the numpy
 #: solver seconds to minutes to build (most cells need subrows, their elements many
@@ -100,7 +103,8 @@ def plan(div: Divergence, p: Any, delta: Any, *, backend: str = "auto", logp: bo
     backend   when                                                                path
     ========  ==================================================================  ==============
     auto      a tensor: torch; an array of at least :data:`NUMBA_FROM` elements:
-              numba when it imports; else numpy
+              numba when its kernels for the array's divergence and dtype were
+              compiled ahead (:func:`fbands.precompile`); else numpy
     numpy     always                                                              exact
     cvxpy     always                                                              exact
     numba     float32/float64 array of size > 0, one valid scalar ``delta`` below  closed-pass
@@ -137,7 +141,7 @@ def plan(div: Divergence, p: Any, delta: Any, *, backend: str = "auto", logp: bo
         if is_tensor(p):
             backend = "torch"
         else:
-            backend = "numba" if _size(p) >= NUMBA_FROM and _numba_usable() else "numpy"
+            backend = "numba" if _numba_ready(div, p) else "numpy"
     if backend not in BACKENDS:
         raise BandError(f"unknown backend {backend!r}; choose one of {['auto', *BACKENDS]}")
     if is_tensor(p) and backend != "torch":
@@ -243,6 +247,16 @@ def _size(p) -> int:
         return int(np.size(p))
     except (TypeError, ValueError):
         return 0
+
+
+def _numba_ready(div: Divergence, p) -> bool:
+    """``backend="auto"``'s choice of numba for ``p``: an array of at least
+    :data:`NUMBA_FROM` elements whose kernels were compiled ahead (:func:`fbands.precompile`),
+    so that the call compiles nothing."""
+    if _size(p) < NUMBA_FROM or not _numba_usable():
+        return False
+    dtype = "float32" if getattr(p, "dtype", None) == np.float32 else "float64"
+    return _module("numba").is_ready(div, dtype)
 
 
 def _numba_usable() -> bool:

@@ -25,7 +25,7 @@ Values: TypeAlias = "float | Sequence[float] | np.ndarray | torch.Tensor"
 Backend: TypeAlias = Literal["auto", "numpy", "numba", "torch", "cvxpy"]
 Invalid: TypeAlias = Literal["raise", "nan"]
 
-__all__ = ["bounds", "log_bounds", "BACKENDS", "PATHS"]
+__all__ = ["bounds", "log_bounds", "precompile", "BACKENDS", "PATHS"]
 
 
 @overload
@@ -118,8 +118,10 @@ def bounds(
         A name from :func:`fbands.available` (``"kl"``, ``"tv"``, ``"alpha(a=0.5)"`` ...).
     backend : {"auto", "numpy", "numba", "torch", "cvxpy"}
         ``auto`` takes torch for tensors, numba for arrays of 65536 elements or more
-        (its compiled passes; the first call of a divergence compiles them once per
-        machine), and numpy for the rest (nothing to compile).  ``cvxpy`` is the
+        once its kernels for the divergence and dtype were compiled ahead
+        (:func:`precompile`, once per machine), and numpy for the rest: it never waits
+        on a compile.  ``numba`` compiles what it needs on its first call of a
+        divergence and dtype (announced, up to a minute, once per machine).  ``cvxpy`` is the
         independent reference (convex programs): each edge it returns is certified to
         1e-5 relative, and an edge it cannot certify is nan, with a ``RuntimeWarning``.
     logp : bool
@@ -164,3 +166,51 @@ def bounds(
     (0.0025, 7.8098)
     """
     return compute("edges", div, p, delta, backend, logp=logp, invalid=invalid, check=check)
+
+
+#: The dtypes of the arrays that the numba backend compiles kernels for.
+DTYPES = ("float32", "float64")
+
+
+def precompile(divs: str | Divergence | Sequence[str | Divergence] | None = None,
+               dtypes: str | Sequence[str] = DTYPES) -> list[tuple[str, str, float]]:
+    """Compile the numba backend's kernels ahead, once per machine (for a cluster image, or
+    before a timed run), so that no later call waits on a compile.
+
+    ``divs``: divergences (names or objects; default: every registered divergence that is
+    not a family); ``dtypes``: of the arrays to serve, ``"float32"`` and/or ``"float64"``.
+    Each pair is compiled, or loaded from the disk cache when an earlier process compiled
+    it, and recorded there: from then on ``backend="auto"`` sends arrays of 65536 elements
+    or more of that divergence and dtype to numba (before, the numpy solver answers them).
+    Each pair is announced as it starts (:mod:`fbands._notice`).  Returns
+    ``(divergence, dtype, seconds)`` for each pair.
+
+    >>> import fbands
+    >>> fbands.precompile(["kl", "tv"], "float32")  # doctest: +SKIP
+    [('kl', 'float32', 31.2), ('tv', 'float32', 6.5)]
+    """
+    import time
+
+    from fbands import _notice
+    from fbands._dispatch import _module
+    from fbands.divergences import available, get
+    from fbands.errors import BandError
+
+    if divs is None:
+        divs = available(families=False)
+    elif isinstance(divs, (str, Divergence)):
+        divs = [divs]
+    dtypes = [dtypes] if isinstance(dtypes, str) else list(dtypes)
+    for t in dtypes:
+        if t not in DTYPES:
+            raise BandError(f"dtypes: {t!r} is not one of {list(DTYPES)}")
+    found = [get(d) for d in divs]
+    backend = _module("numba")
+    done = []
+    for k, (div, t) in enumerate(((d, t) for d in found for t in dtypes), 1):
+        _notice.notice(f"precompile {k}/{len(found) * len(dtypes)}: the numba kernels of "
+                       f"{div.name!r} for {t} arrays")
+        start = time.perf_counter()
+        backend.precompile(div, t)
+        done.append((div.name, t, time.perf_counter() - start))
+    return done

@@ -331,14 +331,15 @@ def register(
     return div
 
 
-def available() -> list[str]:
-    """Names accepted by :func:`get` (families listed by their base name).
+def available(families: bool = True) -> list[str]:
+    """Names accepted by :func:`get` (families listed by their base name; ``families=False``:
+    the divergences registered by name alone).
 
     >>> import fbands
     >>> [n for n in fbands.available() if n in ("kl", "tv", "alpha")]
     ['kl', 'tv', 'alpha']
     """
-    return list(_REGISTRY) + list(_FAMILIES)
+    return list(_REGISTRY) + (list(_FAMILIES) if families else [])
 
 
 def _family_member(name: str, values: dict[str, Any]) -> Divergence:

@@ -383,14 +383,22 @@ def test_choose_path_follows_the_decision_table(backend, div, p, delta, logp, lo
     assert got in PATHS[backend]
 
 
-def test_auto_hands_numba_only_the_arrays_worth_a_compile():
+def test_auto_hands_numba_only_large_arrays_whose_kernels_are_ready(monkeypatch):
     from fbands._dispatch import NUMBA_FROM, Plan, plan
+    from fbands._jit import backend
 
     kl = fbands.get("kl")
+    asked = []
+    monkeypatch.setattr(backend, "is_ready", lambda div, dtype: asked.append(dtype) or True)
     for small in (F64, 0.3, [0.1, 0.2], np.full(NUMBA_FROM - 1, 0.3)):
         assert plan(kl, small, 0.05, logp=False, log=False) == Plan("numpy", "exact")
+    assert asked == []
     big = np.full(NUMBA_FROM, 0.3)
     assert plan(kl, big, 0.05, logp=False, log=False) == Plan("numba", "table")
+    assert plan(kl, big.astype(np.float32), 0.05, logp=True, log=False).backend == "numba"
+    assert asked == ["float64", "float32"]
+    monkeypatch.setattr(backend, "is_ready", lambda div, dtype: False)  # not compiled ahead
+    assert plan(kl, big, 0.05, logp=False, log=False) == Plan("numpy", "exact")
     assert plan(kl, big, 0.05, logp=False, log=False, backend="numpy").backend == "numpy"
     assert plan(kl, F64, 0.05, logp=False, log=False, backend="numba").backend == "numba"
 

@@ -32,13 +32,15 @@ from fbands import _solver
 from fbands._inputs import NumpyInputs, check_values, invalid_masks
 from fbands._jit import loader, table_kernels, threads
 from fbands._jit.codegen import has_closed_pass
+from fbands._jit.loader import is_ready
 from fbands._jit.prims import BLOCK, unfinished
 from fbands._refine import refine_near_saturation, solve_huge_radius
 from fbands._solver import LP_CLOSED, Inputs
 from fbands.tables.build import LAYOUTS, Table
 from fbands.tables.cache import TABLES
 
-__all__ = ["PATHS", "closed_pass", "exact", "has_closed_pass", "table"]
+__all__ = ["PATHS", "closed_pass", "exact", "has_closed_pass", "is_ready", "precompile",
+           "table"]
 
 
 def _layout(dtype) -> str:
@@ -147,6 +149,40 @@ def exact(div, p, delta, *, logp, invalid, check, log):
                     for a in (x.lp, x.lq, x.p, x.q, x.delta)))
     lo, hi = exact_log_edges(div, flat, LAYOUTS[_layout(x.dtype)]["refine"], from_logp=logp)
     return x.finish(lo.reshape(x.shape), hi.reshape(x.shape), log=log)
+
+
+#: The radius whose tables :func:`precompile` reads (any would do: the kernels take a
+#: table's arrays, whatever its radius).
+AHEAD_DELTA = 0.05
+
+
+def precompile(div, dtype: str) -> None:
+    """Compile, or load from the disk cache, every kernel that a numba call of ``div`` on
+    ``dtype`` (``"float32"`` or ``"float64"``) arrays can reach, and record that it is ready
+    (:func:`fbands._jit.loader.is_ready`, which ``backend="auto"`` asks).
+
+    Every path runs on ratios and on log-probabilities, with ratio and log outputs, on data
+    that leaves an element to the exact solver (a log p below ``LP_CLOSED``); the two table
+    kernels that depend on the data (the cells a new radius reaches, the rows of exponential
+    lower edges) are called directly on an empty selection."""
+    t = np.dtype(dtype).type
+    ratios = np.array([0.5, 1.0, 1e-300], dtype=t)
+    logs = np.array([-0.7, 0.0, 2.0 * LP_CLOSED], dtype=t)
+    for logp, x in ((False, ratios), (True, logs)):
+        for log in (False, True):
+            for path in (table, closed_pass if has_closed_pass(div) and not logp else None):
+                if path is not None:
+                    path(div, x, AHEAD_DELTA, logp=logp, invalid="nan", check=False, log=log)
+    ts = TABLES.table_set(div, AHEAD_DELTA, _layout(ratios.dtype))
+    closed = math.exp(LP_CLOSED)
+    table_kernels.touched_cells(ratios, False, ts.kbits, closed,
+                                np.zeros(ts.built.size, dtype=np.uint8))
+    tab, out = ts.modes[False], np.empty_like(ratios)
+    table_kernels.finish_exp_rows(ratios, np.arange(0, dtype=np.int64), False, tab.coef,
+                                  tab.row_code, tab.cells_info, tab.kbits, closed,
+                                  TABLES.at_one(div, AHEAD_DELTA, _layout(ratios.dtype), False),
+                                  out, out.copy())
+    loader.mark_ready(div, dtype)
 
 
 #: Path name (:data:`fbands._dispatch.PATHS`) -> its implementation.

@@ -25,6 +25,7 @@ starts; a process that loads the kernels from disk prints nothing.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import sys
@@ -39,7 +40,8 @@ from numba.core import event as _numba_event
 from fbands import _band_function, _cache, _notice, _roots, _solver
 from fbands._jit import codegen, disk_cache, prims
 
-__all__ = ["Kernels", "cache_dir", "kernels", "package_files", "python_kernels"]
+__all__ = ["Kernels", "cache_dir", "is_ready", "kernels", "mark_ready", "package_files",
+           "python_kernels"]
 
 _HERE = Path(__file__).resolve().parent
 #: The modules compiled against the leaves, in import order.
@@ -139,6 +141,57 @@ class _CompileListener(_numba_event.Listener):
 #: the listener of this process (a test swaps in a fresh one)
 LISTENER = _CompileListener()
 _numba_event.register("numba:compile", LISTENER)
+
+
+#: The files of the kernels that every divergence shares (the tables' passes), whose text a
+#: precompiled marker stands for, besides the divergence's own package.
+_SHARED = ("table_kernels.py", "prims.py", "vmath.py", "threads.py")
+#: (package name, dtype) pairs whose every kernel this process compiled or loaded ahead.
+_READY: set[tuple[str, str]] = set()
+_NAMES: dict[int, tuple] = {}
+
+
+def _marker(div, dtype: str) -> tuple[tuple[str, str], Path]:
+    """The key of ``(div, dtype)`` in :data:`_READY` and the file that says, in the private
+    cache, that :func:`fbands._jit.backend.precompile` stored all of its kernels there."""
+    found = _NAMES.get(id(div))
+    if found is None or found[0] is not div:
+        found = _NAMES[id(div)] = (div, _package_name(div, package_files(div)))
+    name = f"{found[1]}-{dtype}-{_shared_stamp()}.ready"
+    return (found[1], dtype), cache_dir() / "ready" / name
+
+
+@functools.cache
+def _shared_stamp() -> str:
+    """A hash of numba's version and of the shared kernels' text (and the tables' layout,
+    which they are compiled against)."""
+    from fbands.tables import layout
+
+    h = hashlib.sha256(numba.__version__.encode())
+    for path in (*(_HERE / name for name in _SHARED), Path(layout.__file__)):
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def is_ready(div, dtype: str) -> bool:
+    """Whether every kernel that a numba call of ``div`` on ``dtype`` arrays can reach was
+    compiled ahead (:func:`fbands._jit.backend.precompile`), in this process or into the
+    disk cache, so that such a call compiles nothing (``backend="auto"`` asks this)."""
+    key, path = _marker(div, dtype)
+    if key in _READY:
+        return True
+    if path.is_file():
+        _READY.add(key)
+        return True
+    return False
+
+
+def mark_ready(div, dtype: str) -> None:
+    """Record that :func:`fbands._jit.backend.precompile` compiled ``(div, dtype)``."""
+    key, path = _marker(div, dtype)
+    _READY.add(key)
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    _cache.write_file(path, b"")
 
 
 _LOCK = threading.Lock()
