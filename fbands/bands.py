@@ -121,7 +121,10 @@ def bounds(
         once its kernels for the divergence and dtype were compiled ahead
         (:func:`precompile`, once per machine), and numpy for the rest: it never waits
         on a compile.  ``numba`` compiles what it needs on its first call of a
-        divergence and dtype (announced, up to a minute, once per machine).  ``cvxpy`` is the
+        divergence and dtype (announced, up to a minute, once per machine).  Within a
+        backend an element gets the same bits alone as in any batch; numpy, numba and
+        torch agree to 1e-12 relative in float64, not bit for bit, so pass a backend
+        where bits must not move.  ``cvxpy`` is the
         independent reference (convex programs): each edge it returns is certified to
         1e-5 relative, and an edge it cannot certify is nan, with a ``RuntimeWarning``.
     logp : bool

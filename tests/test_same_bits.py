@@ -158,3 +158,38 @@ def test_a_cold_and_a_warm_process_give_the_bits_of_this_one(fresh, user_diverge
                 here = _digest(call())
                 for run in runs:
                     assert run[f"{div} {dtype} {name}"] == [here, here], (div, dtype, name)
+
+
+def _bits_of_paths(div: str, dtype: str):
+    p = _inputs(dtype)
+    out = {"numpy": fbands.log_bounds(p, DELTA, div, backend="numpy"),
+           "numba": fbands.log_bounds(p, DELTA, div, backend="numba")}
+    torch = pytest.importorskip("torch")
+    out["torch"] = tuple(t.numpy() for t in fbands.log_bounds(torch.from_numpy(p), DELTA, div))
+    return p, out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("div", DIVERGENCES)
+def test_an_element_s_bits_depend_on_its_path_alone(div, dtype, user_divergence):
+    """Issue 42, P17, the contract as stated: in each path an element gives the same bits
+    alone as in any batch; the numba passes and the torch tables give numpy's edges to
+    1e-12 (float64) or one ulp (float32), not its bits, so ``auto``, which picks a path by
+    size, can give a token other bits in a large batch than alone."""
+    p, out = _bits_of_paths(div, dtype)
+    rng = np.random.default_rng(5)
+    for i in rng.choice(p.size, 40, replace=False):
+        for backend in ("numpy", "numba"):
+            alone = fbands.log_bounds(p[i : i + 1], DELTA, div, backend=backend)
+            assert _same(alone, tuple(e[i : i + 1] for e in out[backend])), (backend, i)
+    eps = np.finfo(dtype).eps
+    for backend in ("numba", "torch"):
+        for got, want in zip(out[backend], out["numpy"], strict=True):
+            finite = np.isfinite(want)
+            assert (np.isfinite(got) == finite).all(), backend
+            g, w = got[finite].astype(np.float64), want[finite].astype(np.float64)
+            if dtype == "float32":
+                bar = np.spacing(np.abs(w).astype(np.float32)).astype(np.float64)
+            else:
+                bar = 1e-12 * np.abs(w) + 4 * eps * np.maximum(np.abs(w), 1.0)
+            assert (np.abs(g - w) <= bar).all(), (backend, np.max(np.abs(g - w) - bar))
