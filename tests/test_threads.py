@@ -62,7 +62,8 @@ FRESH = textwrap.dedent("""
         fbands.bounds(exact_p, exact_delta, "kl", backend="numba")  # per-token radii: exact
 
     print("small", torch.get_num_threads(), *run(trainer_sized), numba.threading_layer())
-    print("large", torch.get_num_threads(), *run(lambda: fbands.bounds(large, 0.05, "kl")))
+    print("large", torch.get_num_threads(),
+          *run(lambda: fbands.bounds(large, 0.05, "kl", backend="numba")))
 """)
 
 

@@ -169,10 +169,10 @@ def precompile(div, dtype: str) -> None:
     ratios = np.array([0.5, 1.0, 1e-300], dtype=t)
     logs = np.array([-0.7, 0.0, 2.0 * LP_CLOSED], dtype=t)
     for logp, x in ((False, ratios), (True, logs)):
-        for log in (False, True):
-            for path in (table, closed_pass if has_closed_pass(div) and not logp else None):
-                if path is not None:
-                    path(div, x, AHEAD_DELTA, logp=logp, invalid="nan", check=False, log=log)
+        paths = (table,) if logp or not has_closed_pass(div) else (table, closed_pass)
+        for path in paths:
+            for log in (False, True):
+                path(div, x, AHEAD_DELTA, logp=logp, invalid="nan", check=False, log=log)
     ts = TABLES.table_set(div, AHEAD_DELTA, _layout(ratios.dtype))
     closed = math.exp(LP_CLOSED)
     table_kernels.touched_cells(ratios, False, ts.kbits, closed,
