@@ -17,8 +17,8 @@ import numpy as np
 from fbands._solver import LP_TINY, NAMESPACE, BandFunction, Inputs, Namespace, solve
 from fbands._solver import NUMPY as xp
 
-__all__ = ["CLOSE_TO_SATURATION", "HUGE_DELTA", "REFINE_ABOVE", "SMALL_EDGE", "near_saturation",
-           "solve_huge_radius",
+__all__ = ["CLOSE_TO_SATURATION", "HUGE_DELTA", "REFINE_ABOVE", "SMALL_EDGE", "is_huge",
+           "near_saturation", "solve_huge_radius",
            "refine_near_saturation"]
 
 
@@ -214,6 +214,9 @@ def _secant_root(mp, h, guess: float, digits: int):
 #: root, and Newton stops at the overflow instead of the edge.  Below it every term at and
 #: around the root is a float64 (issue 42, P7; ``tests/test_extreme_radii.py``).
 HUGE_DELTA = 1e60
+#: ... and where ``log(delta / q)`` passes this (``delta / q`` about 2e282, with room for a
+#: generator's constant: alpha(10) at ``q = 1e-300`` overflowed from ``delta = 1e8``).
+HUGE_OVER_Q = 650.0
 #: The binary exponents the extended type must reach: ``F`` at the root, ``delta / p`` (up
 #: to 1e308 / 5e-324, about 2^2100), with room for Newton's steps around it.
 _EXTENDED_EXPONENT = 4096
@@ -224,12 +227,21 @@ def extended_has_range() -> bool:
     return int(np.finfo(EXTENDED).maxexp) >= _EXTENDED_EXPONENT
 
 
+def is_huge(xp, x: Inputs):
+    """Mask of the elements whose terms of g can overflow float64 near the root: a radius
+    of at least :data:`HUGE_DELTA`, or ``delta / q`` beyond ``exp(HUGE_OVER_Q)`` next to
+    ``p = 1`` (the other token's ``q F(s_c) = delta`` asks for ``F = delta / q``; ``p = 1``
+    itself takes its limit)."""
+    return (x.delta >= HUGE_DELTA) | ((x.lq < xp.log(x.delta) - HUGE_OVER_Q) & (x.lp < 0))
+
+
 def solve_huge_radius(div, x: Inputs, s_lo, s_hi, *, from_logp: bool):
-    """``(s_lo, s_hi)`` with the elements of radius at least :data:`HUGE_DELTA` solved again
+    """``(s_lo, s_hi)`` with the elements of a huge radius (:func:`is_huge`) solved again
     by the same solver in :data:`EXTENDED` precision, and rounded once to float64; nan where
     the platform's extended type has float64's range (Windows, macOS on ARM), never a
     wrong edge."""
-    huge = np.broadcast_to(x.delta >= HUGE_DELTA, np.shape(s_lo))
+    with np.errstate(all="ignore"):
+        huge = np.broadcast_to(is_huge(np, x), np.shape(s_lo))
     if not huge.any():
         return s_lo, s_hi
     s_lo, s_hi = np.array(s_lo, dtype=np.float64), np.array(s_hi, dtype=np.float64)

@@ -87,6 +87,9 @@ W_ULP = 5e-324
 #: ``w`` above ``log p`` times this is within a quarter ulp of ``-log p``: the upper edge
 #: ``s = w - log p`` of a tiny ``p`` is ``-log p`` (saturated) to working precision.
 RESOLVED_W = 2.0**-55
+#: The other token's ratio beyond which the lower edge's first guess next to p = 1 comes
+#: from f's tail at infinity for generators steeper than a square (:func:`_steep_tail`).
+STEEP_FROM = 2.0**53
 #: Smallest q used in the equations: p = 1 as p = 1 - 1e-300 gives the limit [r*, 1] exactly.
 Q_FLOOR = 1e-300
 
@@ -220,10 +223,26 @@ def _initial_guess(fun: BandFunction, curvature: float, edge: str):
     w = xp.sqrt(2.0 * x.delta) / xp.sqrt(k * fun.p_over_q)  # (2 delta q / p may underflow)
     if edge == "upper":
         return xp.minimum(xp.log1p(w), -0.5 * x.lp)
+    w = _steep_tail(fun, w)
     # Far from 1, the leading behaviour of f at 0 (p f(r) = delta) is the better guess.
     tail = fun.tail_guess()
     return xp.maximum(xp.where(w < TAIL_SWITCH, xp.log1p(-xp.minimum(w, TAIL_SWITCH)),
                                -w if tail is None else tail), S_FLOOR)
+
+
+def _steep_tail(fun: BandFunction, w):
+    """The lower edge's ``w = 1 - r`` next to ``p = 1``, where the small-delta band puts the
+    other token's ratio ``c = 1 + w p / q`` beyond :data:`STEEP_FROM`: for a generator
+    steeper than a square (``f ~ A c^k``, ``k > 2``) g overflows there and Newton would have
+    to bisect its way back over hundreds of orders of magnitude; ``q A c^k = delta`` (the
+    tail at infinity) starts next to the root instead."""
+    tail = fun.div.derivation.tail_inf
+    if tail is None or not (tail[0] > 0 and tail[1] > 2 and not tail[2]):
+        return w
+    xp, x = fun.xp, fun.x
+    A, k = tail[0], tail[1]
+    c = xp.exp((xp.log(x.delta) - math.log(A) - x.lq) / k)  # (delta / A may overflow)
+    return xp.where(w * fun.p_over_q > STEEP_FROM, xp.minimum(w, c / fun.p_over_q), w)
 
 
 def newton_edge(fun: BandFunction, edge: str, s0, lo, hi, *, max_iter: int = MAX_ITER,

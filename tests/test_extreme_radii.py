@@ -195,3 +195,40 @@ def test_a_tie_at_saturation_next_to_p_1_is_decided_not_a_crash(backend):
     lo, hi = fbands.log_bounds(lps, 1.0, "tv", backend=backend, logp=True)
     assert (lo == -np.inf).all()  # g(p, 0) = p < 1 = delta: the ball reaches r = 0
     np.testing.assert_allclose(hi, -lps, rtol=1e-15)  # saturated at 1 / p
+
+
+def _lower_next_to_one(f, logp: float, delta: float):
+    """``log`` of the lower edge for ``p = exp(logp)`` next to 1, by bisection on
+    ``log(1 - r)`` at 700 digits, with ``q = -expm1(logp)`` exact (``1 - p`` would need the
+    digits down to q)."""
+    with mp.workdps(700):
+        lp = mp.mpf(logp)
+        p, q, delta = mp.exp(lp), -mp.expm1(lp), mp.mpf(delta)
+
+        def g(t):  # r = 1 - t, so the other token's ratio is c = 1 + p t / q
+            return p * f(1 - t) + q * f(1 + p * t / q)
+
+        if g(mp.mpf(1)) <= delta:
+            return -mp.inf
+        lo, hi = mp.mpf(-4000), mp.mpf(0)  # log t
+        for _ in range(300):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if g(mp.exp(mid)) <= delta else (lo, mid)
+        return mp.log1p(-mp.exp((lo + hi) / 2))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("a", [3, 10])
+def test_a_steep_generator_next_to_p_1_gives_the_lower_edge(a, backend):
+    """alpha(10) with log p at or below -1e-160 gave a nan lower edge at every radius, and
+    alpha(3) at log p = -1e-300 from delta 1e8 on: g overflows far from the edge, where the
+    small-delta band put Newton's first guess (the guess now comes from f's tail at infinity),
+    and ``delta / q`` itself overflows at the larger radii (solved in extended precision)."""
+    f = ref.alpha(a)
+    lps = [-1e-300, -1e-200, -1e-150, -1e-100, -1e-40, -1e-20]
+    for delta in (1e-3, 0.05, 10.0, 1e8, 1e11):
+        lo, _ = fbands.log_bounds(np.array(lps), delta, f"alpha(a={a})", backend=backend,
+                                  logp=True)
+        for i, lp in enumerate(lps):
+            want = _lower_next_to_one(f, lp, delta)
+            assert lo[i] == pytest.approx(float(want), rel=1e-12), (delta, lp, lo[i])

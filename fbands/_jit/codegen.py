@@ -83,6 +83,7 @@ def constants(div) -> dict[str, float | int | bool]:
         "TAIL0_A": float(tail0_a),
         "TAIL0_K": float(tail0_k),
         "HAS_TAIL_INF": tail_inf is not None,
+        "STEEP_TAIL": tail_inf is not None and k > 2 and not m,  # (_solver._steep_tail)
         "TAIL_INF_A": float(A),
         "TAIL_INF_K": float(k),
         "TAIL_INF_M": float(m),

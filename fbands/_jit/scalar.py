@@ -41,6 +41,7 @@ from fbands._solver import (
     SATURATED,
     SMALL_BAND_EXACT,
     SQUARED_NEAR_ONE,
+    STEEP_FROM,
     STEP_TOL,
     TAIL_EXACT,
     TAIL_SWITCH,
@@ -64,6 +65,7 @@ from .leaves import (
     NEAR,
     NEAR_DIFFERS,
     SMOOTH,
+    STEEP_TAIL,
     TAIL0_A,
     TAIL0_K,
     TAIL0_KIND,
@@ -225,11 +227,14 @@ def lower_tail_one(lp, delta):
 
 
 @numba.njit(**OPTS)
-def initial_guess_one(upper, lp, poq, delta):
+def initial_guess_one(upper, lp, lq, poq, delta):
     """:func:`_initial_guess`."""
     w = math.sqrt(2.0 * delta) / math.sqrt(CURVATURE * poq)  # (see _initial_guess)
     if upper:
         return fmin(math.log1p(w), -0.5 * lp)
+    if STEEP_TAIL and w * poq > STEEP_FROM:  # (see _steep_tail)
+        c = math.exp((math.log(delta) - math.log(TAIL_INF_A) - lq) / TAIL_INF_K)
+        w = fmin(w, c / poq)
     if w < TAIL_SWITCH:
         return fmax(math.log1p(-w), S_FLOOR)
     if TAIL0_KIND == 0:
@@ -366,7 +371,7 @@ def polish_one(s, lo, hi, lp, lq, p, q, poq, delta):
 def edge_one(upper, lo, hi, lp, lq, p, q, poq, delta):
     """:func:`_edge`: ``(log-edge before saturation, how, iterations)``."""
     has_closed = HAS_UPPER if upper else HAS_LOWER
-    small_band = initial_guess_one(upper, lp, poq, delta)
+    small_band = initial_guess_one(upper, lp, lq, poq, delta)
     near_one = abs(small_band) * fmax(1.0, poq)  # (see _edge)
     exact_band = SMOOTH and near_one < SMALL_BAND_EXACT
     if not has_closed or lp < LP_CLOSED:

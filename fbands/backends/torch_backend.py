@@ -81,7 +81,7 @@ from fbands._inputs import (
     invalid_masks,
     raise_invalid,
 )
-from fbands._refine import HUGE_DELTA
+from fbands._refine import is_huge
 from fbands._solver import Inputs, solve
 from fbands.backends import numpy_backend
 from fbands.backends.torch_grad import ImplicitEdges
@@ -185,12 +185,12 @@ def solve_log_edges(div, x: Inputs, *, tiny: bool = True, at_one: bool = True):
     synchronisation.  ``tiny`` and ``at_one`` say whether some element may have ``log p``
     below ``LP_CLOSED`` or ``p == 1`` (see :func:`fbands._solver.solve`): True is always
     right, False skips a branch (for a closed-form divergence, nearly all the work).
-    A radius of :data:`~fbands._refine.HUGE_DELTA` or more, whose terms overflow float64
-    on the way to the root (the host paths solve it in extended precision), gives nan."""
+    A huge radius (:func:`fbands._refine.is_huge`), whose terms overflow float64 on the
+    way to the root (the host paths solve it in extended precision), gives nan."""
     dtype = x.lp.dtype
     lo, hi = solve(div, _namespace(dtype), x, kernels=_kernels(div, dtype),
                    fixed_iter=NEWTON_STEPS, tiny=tiny, at_one=at_one)
-    huge = x.delta >= HUGE_DELTA
+    huge = is_huge(torch, x)
     return torch.where(huge, math.nan, lo), torch.where(huge, math.nan, hi)
 
 
