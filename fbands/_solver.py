@@ -231,11 +231,9 @@ def _initial_guess(fun: BandFunction, curvature: float, edge: str):
 
 
 def _steep_tail(fun: BandFunction, w):
-    """The lower edge's ``w = 1 - r`` next to ``p = 1``, where the small-delta band puts the
-    other token's ratio ``c = 1 + w p / q`` beyond :data:`STEEP_FROM`: for a generator
-    steeper than a square (``f ~ A c^k``, ``k > 2``) g overflows there and Newton would have
-    to bisect its way back over hundreds of orders of magnitude; ``q A c^k = delta`` (the
-    tail at infinity) starts next to the root instead."""
+    """The lower edge's ``w = 1 - r`` where the small-delta band puts the other token's ratio
+    ``c = 1 + w p / q`` beyond :data:`STEEP_FROM`: for ``f ~ A c^k``, ``k > 2``, g overflows
+    there, far from the root; ``q A c^k = delta`` (the tail at infinity) starts next to it."""
     tail = fun.div.derivation.tail_inf
     if tail is None or not (tail[0] > 0 and tail[1] > 2 and not tail[2]):
         return w
