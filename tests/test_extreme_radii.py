@@ -22,6 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fbands
+from fbands._refine import extended_has_range
 
 from . import reference as ref
 
@@ -151,7 +152,7 @@ def test_a_huge_radius_gives_the_edges_of_the_reference(div):
     from the smallest subnormals to 0.9, on the numpy and numba backends and a CPU tensor;
     before, alpha(3) gave nan or an edge where F overflowed (p = 1e-200: 2.6e169 against
     4.8e169), alpha(10) at delta 1e300 stopped at log r = 709.78 / 10."""
-    if not __import__("fbands._refine", fromlist=["x"]).extended_has_range():
+    if not extended_has_range():
         pytest.skip("this platform's long double has float64's range")
     torch = pytest.importorskip("torch")
     f = ref.TABLE[div]
