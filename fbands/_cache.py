@@ -16,7 +16,6 @@ directory, :func:`folder`).
 from __future__ import annotations
 
 import atexit
-import functools
 import hashlib
 import json
 import os
@@ -25,6 +24,8 @@ import stat
 import tempfile
 import threading
 from pathlib import Path
+
+from fbands._state import STATE
 
 __all__ = ["root", "private_dir", "folder", "process_dir", "read_file", "holds", "write_file",
            "read_json", "write_json"]
@@ -81,9 +82,15 @@ def _parents_safe(path: Path) -> bool:
     return True
 
 
-@functools.cache
 def _own_group(gid: int) -> bool:
     """Whether group ``gid`` has no member but this user (a user-private group)."""
+    return _GROUPS.get_or_make(gid, lambda: _private_group(gid))
+
+
+_GROUPS = STATE.memo("private groups", "whether each group id met is a user-private group")
+
+
+def _private_group(gid: int) -> bool:
     import grp
     import pwd
 

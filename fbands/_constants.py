@@ -9,12 +9,12 @@ never write to them.
 
 from __future__ import annotations
 
-import threading
-
 import torch
 
-_CACHE: dict[tuple, torch.Tensor] = {}
-_LOCK = threading.Lock()
+from fbands._state import STATE
+
+_CONSTANTS = STATE.memo("device constants", "small constant tensors, by (values, dtype, "
+                       "device)")
 
 
 def device_constant(values: tuple[float, ...], dtype: torch.dtype,
@@ -28,11 +28,4 @@ def device_constant(values: tuple[float, ...], dtype: torch.dtype,
     True
     """
     key = (tuple(values), dtype, torch.device(device))
-    found = _CACHE.get(key)
-    if found is None:
-        with _LOCK:
-            found = _CACHE.get(key)
-            if found is None:
-                found = torch.tensor(values, dtype=dtype, device=device)
-                _CACHE[key] = found
-    return found
+    return _CONSTANTS.get_or_make(key, lambda: torch.tensor(values, dtype=dtype, device=device))

@@ -40,7 +40,7 @@ import sympy as sp
 from sympy.codegen import cfunctions
 
 from fbands import _cache, _notice, _stable, symbolic
-from fbands._fingerprint import code_fingerprint
+from fbands._fingerprint import package_fingerprint
 
 __all__ = ["derive", "intercept", "encode", "decode"]
 
@@ -152,18 +152,13 @@ def _from_data(data: dict) -> symbolic.Derivation:
     )
 
 
-_CODE_HASH: list[str] = []
-
-
 def _code_hash() -> str:
     """Hash of what decides a derivation: the code of :mod:`fbands.symbolic` and
     :mod:`fbands._stable` (their comments and docstrings aside:
     :func:`fbands._fingerprint.code_fingerprint`), this module's format and sympy's
     version."""
-    if not _CODE_HASH:
-        _CODE_HASH.append(code_fingerprint((Path(symbolic.__file__), Path(_stable.__file__)),
-                                           str(FORMAT), sp.__version__))
-    return _CODE_HASH[0]
+    return package_fingerprint("derivations", (Path(symbolic.__file__), Path(_stable.__file__)),
+                               str(FORMAT), sp.__version__)
 
 
 def key(f: sp.Expr, closed_forms: bool = True) -> str:
@@ -241,9 +236,6 @@ def derive(f: sp.Expr, *, closed_forms: bool = True,
     return d
 
 
-_OWN_HASH: list[str] = []
-
-
 def tangent_intercept(f: sp.Expr) -> sp.Expr | None:
     """``T(s) = f(c) - c f'(c)`` at ``c = e^s > 1``, the intercept of ``f``'s tangent,
     simplified (kl: ``-s``; tv: ``-1/2``), as an expression in ``s``; None where sympy gives
@@ -263,9 +255,8 @@ def intercept(f: sp.Expr, *, name: str | None = None) -> sp.Expr | None:
     """:func:`tangent_intercept`, answered from the private cache when it can be (an
     expression tree under its own key, which hashes the derivation's key and this module,
     where :func:`tangent_intercept` lives; a file that does not decode is derived again)."""
-    if not _OWN_HASH:
-        _OWN_HASH.append(code_fingerprint((Path(__file__),)))
-    k = hashlib.sha256(f"{key(f)}\nintercept\n{_OWN_HASH[0]}".encode()).hexdigest()
+    own = package_fingerprint("intercepts", (Path(__file__),))
+    k = hashlib.sha256(f"{key(f)}\nintercept\n{own}".encode()).hexdigest()
     store = _cache.private_dir("derived")
     path = None if store is None else store / f"{k}.json"
     if path is not None:

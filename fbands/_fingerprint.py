@@ -24,8 +24,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from fbands import _cache
+from fbands._state import STATE
 
-__all__ = ["code_digest", "code_fingerprint", "code_text"]
+__all__ = ["code_digest", "code_fingerprint", "code_text", "package_fingerprint"]
 
 _WITH_DOCSTRING = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
@@ -77,9 +78,20 @@ def code_fingerprint(paths: Iterable[Path], *extra: str) -> str:
     return h.hexdigest()
 
 
+_PACKAGE = STATE.memo("package fingerprints", "the code fingerprint of each group of "
+                      "fbands' own files that a disk-cache key names, by group")
+
+
+def package_fingerprint(group: str, paths: Iterable[Path], *extra: str) -> str:
+    """:func:`code_fingerprint` of fbands' own files (which do not change while a process
+    runs): made once per process, kept under the name ``group``."""
+    return _PACKAGE.get_or_make(group, lambda: code_fingerprint(tuple(paths), *extra))
+
+
 #: Part of every memo's key: a change to what :func:`code_text` cuts must change it.
 _VERSION = 1
-_MEMO: dict[str, str] = {}
+_MEMO = STATE.memo("code digests", "the digest of each source text read, by the hash of its "
+                   "bytes")
 
 
 def code_digest(raw: bytes) -> str:
@@ -98,5 +110,4 @@ def code_digest(raw: bytes) -> str:
         found = hashlib.sha256(code_text(raw.decode("utf-8")).encode()).hexdigest()
         if path is not None:
             _cache.write_json(path, key, found)
-    _MEMO[key] = found
-    return found
+    return _MEMO.put(key, found)

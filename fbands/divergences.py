@@ -36,6 +36,7 @@ import sympy as sp
 
 from fbands import _checks, _derived, _expr, _generators, _presets, symbolic
 from fbands._generators import BUILTIN_FAMILIES, BUILTIN_GENERATORS
+from fbands._state import STATE
 from fbands.errors import DivergenceError
 
 __all__ = ["Divergence", "available", "get", "register"]
@@ -67,16 +68,19 @@ class Divergence:
         #: For a member of a family (``alpha(a=1/2)``): the family's name and the values.
         self.family = family
         self.params = dict(params or {})
+        #: What decides the numbers: the name and the exact text of the generator.  Every
+        #: cache of the process (:mod:`fbands._state`) names a divergence by it.
+        self.key = f"{name} {sp.srepr(f)}"
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"Divergence({self.name!r}, f={self.f})"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Divergence) and (self.name, self.f) == (other.name, other.f)
+        return isinstance(other, Divergence) and self.key == other.key
 
     def __hash__(self) -> int:
-        return hash((self.name, str(self.f)))
+        return hash(self.key)
 
     @cached_property
     def derivation(self) -> symbolic.Derivation:
@@ -185,9 +189,10 @@ class Divergence:
         :class:`fbands.symbolic.ClosedForm`) to its coefficients ``a2, a1, a0`` as functions
         of ``(p, q, delta)``, its ``squared`` flag and its ``zero`` facts.
         """
-        found = _BOUND.get((id(self), id(namespace)))
-        if found is not None:
-            return found[2]
+        return _KERNELS.get_or_make((self.key, id(namespace)),
+                                    lambda: (namespace, self._bind(namespace)))[1]
+
+    def _bind(self, namespace: Any):
         ns = functions(namespace)
         src = self.extended_sources if "from_decimal" in ns else self.sources
         far = symbolic.bind(src["F_far"], ns)
@@ -210,8 +215,6 @@ class Divergence:
             if cf is not None:
                 fns = [symbolic.bind(src[f"{edge}_a{i}"], ns) for i in (2, 1, 0)]
                 closed[edge] = (fns, cf.squared, cf.zero)
-        # (both objects held with their bindings: their ids stay theirs)
-        _BOUND[(id(self), id(namespace))] = (self, namespace, (F, dF, closed))
         return F, dF, closed
 
 
@@ -223,9 +226,10 @@ def functions(namespace: Any) -> dict:
     return {k: ns[k] for k in names}
 
 
-#: The kernels of each divergence bound to each namespace (:meth:`Divergence.kernels`):
-#: ``(id(divergence), id(namespace)) -> (divergence, namespace, kernels)``.
-_BOUND: dict[tuple[int, int], tuple] = {}
+#: The kernels of each divergence bound to each namespace (:meth:`Divergence.kernels`), by
+#: ``(divergence key, id(namespace))``; each entry holds its namespace, so its id stays its.
+_KERNELS = STATE.memo("kernels", "each divergence's F, F' and closed forms bound to a "
+                      "backend's functions", max_entries=256)
 
 
 # ----------------------------------------------------------------------------- the registry

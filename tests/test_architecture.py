@@ -117,6 +117,68 @@ def test_no_code_in_strings():
     assert not found, found
 
 
+#: Module-level containers that a module writes to, and are not caches: the divergence
+#: registry (what a user registered: kept for the life of the process, on purpose).
+PROCESS_DATA = {("fbands/divergences.py", n)
+                for n in ("_REGISTRY", "_FAMILIES", "_REGISTRY_MEMBERS", "_ALIASES")}
+_MUTATORS = {"append", "add", "update", "setdefault", "pop", "popitem", "clear", "extend",
+             "insert", "remove", "discard", "__setitem__"}
+_CACHE_DECORATORS = {"cache", "lru_cache", "cached"}
+
+
+def _module_containers(tree: ast.Module) -> set[str]:
+    """Names bound at module level to a dict, list or set (literal, call or comprehension)."""
+    names = set()
+    for node in tree.body:
+        targets = (node.targets if isinstance(node, ast.Assign) else
+                   [node.target] if isinstance(node, ast.AnnAssign) and node.value else [])
+        value = getattr(node, "value", None)
+        mutable = isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp,
+                                     ast.SetComp)) or (
+            isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+            and value.func.id in {"dict", "list", "set", "OrderedDict", "defaultdict"})
+        names |= {t.id for t in targets if mutable and isinstance(t, ast.Name)}
+    return names
+
+
+def _written(tree: ast.Module, names: set[str]) -> set[str]:
+    """Those of ``names`` that the module writes into (item assignment or deletion, or a
+    mutating method) anywhere."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Subscript, ast.Attribute)) and isinstance(node.value, ast.Name):
+            name = node.value.id
+            if name in names and (
+                    isinstance(node, ast.Subscript) and isinstance(node.ctx, (ast.Store, ast.Del))
+                    or isinstance(node, ast.Attribute) and node.attr in _MUTATORS):
+                out.add(name)
+    return out
+
+
+def test_every_cache_belongs_to_the_process_state():
+    """No hidden state: a module keeps what it remembers between calls in a memo of
+    :data:`fbands._state.STATE` (which clears them all), never in a container of its own
+    or a ``functools`` cache."""
+    found = []
+    for path, text in _sources().items():
+        tree = ast.parse(text)
+        found += [f"{path}: {name}" for name in sorted(_written(tree, _module_containers(tree)))
+                  if (path, name) not in PROCESS_DATA]
+        for node in ast.walk(tree):
+            for dec in getattr(node, "decorator_list", ()):
+                target = dec.func if isinstance(dec, ast.Call) else dec
+                name = getattr(target, "attr", getattr(target, "id", None))
+                if name in _CACHE_DECORATORS:
+                    found.append(f"{path}:{node.lineno} @{name}")
+    assert not found, found
+
+
+def test_the_state_rule_sees_a_hidden_cache():
+    tree = ast.parse("import functools\n_SEEN = {}\nRULES = {'a': 1}\n"
+                     "def f(k):\n    _SEEN[k] = 1\n    return RULES['a']\n")
+    assert _written(tree, _module_containers(tree)) == {"_SEEN"}
+
+
 def test_graph_covers_every_module(graph):
     modules = set(import_graph.find_modules(ROOT))
     assert set(graph) == modules

@@ -63,27 +63,27 @@ def test_the_derivation_and_table_keys_use_the_code_fingerprint():
 
 def test_a_files_digest_is_remembered_by_its_bytes(tmp_path, monkeypatch):
     monkeypatch.setenv("FBANDS_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(fingerprint, "_MEMO", {})
+    fingerprint._MEMO.clear()
     raw = SYMBOLIC.encode()
     want = fingerprint.code_digest(raw)
     assert len(list((tmp_path / "cache" / "fingerprint").iterdir())) == 1
     # a new process (empty memo) reads it from the cache, without tokenising
-    monkeypatch.setattr(fingerprint, "_MEMO", {})
+    fingerprint._MEMO.clear()
     monkeypatch.setattr(fingerprint, "code_text", lambda _text: pytest.fail("recomputed"))
     assert fingerprint.code_digest(raw) == want
     # other bytes are another entry, never the stored one
     monkeypatch.undo()
     monkeypatch.setenv("FBANDS_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(fingerprint, "_MEMO", {})
+    fingerprint._MEMO.clear()
     assert fingerprint.code_digest(raw + b"X = 1\n") != want
 
 
 def test_a_damaged_memo_is_recomputed(tmp_path, monkeypatch):
     monkeypatch.setenv("FBANDS_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(fingerprint, "_MEMO", {})
+    fingerprint._MEMO.clear()
     raw = SYMBOLIC.encode()
     want = fingerprint.code_digest(raw)
     (entry,) = (tmp_path / "cache" / "fingerprint").iterdir()
     entry.write_text(entry.read_text().replace(want, "0" * 64))  # its checksum no longer fits
-    monkeypatch.setattr(fingerprint, "_MEMO", {})
+    fingerprint._MEMO.clear()
     assert fingerprint.code_digest(raw) == want

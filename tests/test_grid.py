@@ -206,11 +206,15 @@ def test_a_grid_read_while_a_cuda_graph_is_captured_outlives_eviction(monkeypatc
     monkeypatch.setattr(torch_reader, "_capturing", lambda device: True)
     captured = torch_reader.device_grid(div, 0.05, "float32", torch.device("cpu"))
     monkeypatch.setattr(torch_reader, "_capturing", lambda device: False)
-    monkeypatch.setattr(torch_reader, "_GRIDS", {("x", i): (None, None) for i in range(10**3)})
-    torch_reader.device_grid(div, 0.05, "float32", torch.device("cpu"))  # evicts the rest
-    assert len(torch_reader._GRIDS) <= 4 * TABLES.max_sets
-    key = ("tv", 0.05, "float32", torch.device("cpu"))
-    assert torch_reader._CAPTURED[key] is captured
+    try:
+        for i in range(10**3):  # later radii push the grid out of the cache
+            torch_reader._GRIDS.put(("x", i), None)
+        key = (div.key, 0.05, "float32", torch.device("cpu"))
+        assert key not in torch_reader._GRIDS
+        assert len(torch_reader._GRIDS) == torch_reader._GRIDS.max_entries
+        assert torch_reader._CAPTURED.get(key) is captured
+    finally:
+        torch_reader._GRIDS.clear()
     assert not torch_reader._capturing(torch.device("cpu"))
 
 

@@ -81,7 +81,7 @@ def test_a_stale_or_damaged_shipped_file_is_ignored(cache, counted, notices, tmp
     assert len(counted) == 1 and _derived._same(d, fresh[0]["kl"])
     assert len(notices) == 1 and "'kl'" in notices[0]
     # another symbolic.py: every shipped key is stale, and the derivation is redone
-    monkeypatch.setattr(_derived, "_CODE_HASH", ["another symbolic.py"])
+    monkeypatch.setattr(_derived, "_code_hash", lambda: "another symbolic.py")
     assert _derived.shipped(divergences._REGISTRY["tv"].f) is None
     _derived.derive(divergences._REGISTRY["tv"].f, name="tv")
     assert len(counted) == 2

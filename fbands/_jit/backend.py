@@ -38,6 +38,7 @@ from fbands._refine import refine_near_saturation, solve_huge_radius
 from fbands._solver import LP_CLOSED, Inputs
 from fbands.tables.build import LAYOUTS, Table
 from fbands.tables.cache import TABLES
+from fbands.tables.layout import cell_count
 
 __all__ = ["PATHS", "closed_pass", "exact", "has_closed_pass", "is_ready", "precompile",
            "table"]
@@ -76,16 +77,14 @@ def table(div, p, delta, *, logp, invalid, check, log):
     closed = LP_CLOSED if logp else math.exp(LP_CLOSED)
     layout = _layout(p.dtype)
     at_one = TABLES.at_one(div, d, layout, bool(log))
-    ts = TABLES.table_set(div, d, layout)
-    if not ts.is_complete:
-        if ts.met:  # a radius that comes back: every cell, once
-            ts = TABLES.complete_set(div, d, layout)
-        else:  # a radius new to this process: only the cells its data reaches
-            touched = np.zeros(ts.built.size, dtype=np.uint8)
-            with threads.sized(x.size, "touch"):
-                table_kernels.touched_cells(x, bool(logp), ts.kbits, closed, touched)
-            ts.cover(touched.view(bool))
-            ts.met = True
+
+    def reached(kbits: int) -> np.ndarray:
+        touched = np.zeros(cell_count(kbits), dtype=np.uint8)
+        with threads.sized(x.size, "touch"):
+            table_kernels.touched_cells(x, bool(logp), kbits, closed, touched)
+        return touched.view(bool)
+
+    ts = TABLES.reading_set(div, d, layout, reached)
     idx = _read(ts.modes[bool(log)], x, logp, log, closed, at_one, out_lo, out_hi)
     return _finish(div, p, d, x, idx, out_lo, out_hi, logp=logp, invalid=invalid, check=check,
                    log=log)

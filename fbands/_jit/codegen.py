@@ -15,6 +15,7 @@ import math
 
 from fbands import symbolic
 from fbands._solver import unsquared
+from fbands._state import STATE
 
 __all__ = ["constants", "has_closed_pass", "leaves_source"]
 
@@ -38,17 +39,16 @@ def _squared(div) -> dict[str, tuple]:
 def has_closed_pass(div) -> bool:
     """Whether ``div`` gets the closed-form pass: both edges solved by their unsquared
     closed forms (:func:`fbands._solver.unsquared`: no root needs checking against g).
-    Asked on every call of the numba backend: kept per divergence (by identity)."""
-    found = _HAS_CLOSED_PASS.get(id(div))
-    if found is None or found[0] is not div:
+    Asked on every call of the numba backend: kept per divergence."""
+    def answer():
         forms = _squared(div)
-        found = _HAS_CLOSED_PASS[id(div)] = (
-            div, unsquared(forms, "upper") and unsquared(forms, "lower"))
-    return found[1]
+        return unsquared(forms, "upper") and unsquared(forms, "lower")
+
+    return _HAS_CLOSED_PASS.get_or_make(div.key, answer)
 
 
-#: :func:`has_closed_pass` by id of the divergence: ``(divergence, answer)``.
-_HAS_CLOSED_PASS: dict[int, tuple] = {}
+_HAS_CLOSED_PASS = STATE.memo("closed passes", "whether each divergence gets the numba "
+                              "closed-form pass, by divergence key", max_entries=256)
 
 
 def constants(div) -> dict[str, float | int | bool]:

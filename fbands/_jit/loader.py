@@ -25,7 +25,6 @@ starts; a process that loads the kernels from disk prints nothing.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import importlib.util
 import sys
@@ -39,6 +38,7 @@ from numba.core import event as _numba_event
 
 from fbands import _band_function, _cache, _notice, _roots, _solver
 from fbands._jit import codegen, disk_cache, prims
+from fbands._state import STATE
 
 __all__ = ["Kernels", "cache_dir", "is_ready", "kernels", "mark_ready", "package_files",
            "python_kernels"]
@@ -83,19 +83,20 @@ def _package_name(div, files: dict[str, bytes]) -> str:
         h.update(path.read_bytes())
     safe = "".join(c if c.isalnum() else "_" for c in div.name)
     name = f"fbands_{safe}_{h.hexdigest()[:32]}"
-    _DIVERGENCE_OF[name] = div.name
+    _DIVERGENCE_OF.put(name, div.name)
     return name
 
 
-#: package name -> the name of its divergence (for the compile notice)
-_DIVERGENCE_OF: dict[str, str] = {}
+_DIVERGENCE_OF = STATE.memo("numba package divergences", "the name of the divergence of "
+                            "each numba package made, by package name (for the compile "
+                            "notice)")
 
 
 def compile_notice(module: str) -> str | None:
     """The notice for a compile of numba code from ``module`` (None: not fbands' code)."""
     package = module.split(".", 1)[0]
     if package in _DIVERGENCE_OF:
-        what = f"the numba kernels of divergence {_DIVERGENCE_OF[package]!r}"
+        what = f"the numba kernels of divergence {_DIVERGENCE_OF.get(package)!r}"
     elif module == "fbands._jit.table_kernels":
         what = "the numba kernels of the band tables"
     elif module == "fbands" or module.startswith("fbands."):
@@ -146,31 +147,32 @@ _numba_event.register("numba:compile", LISTENER)
 #: The files of the kernels that every divergence shares (the tables' passes), whose text a
 #: precompiled marker stands for, besides the divergence's own package.
 _SHARED = ("table_kernels.py", "prims.py", "vmath.py", "threads.py")
-#: (package name, dtype) pairs whose every kernel this process compiled or loaded ahead.
-_READY: set[tuple[str, str]] = set()
-_NAMES: dict[int, tuple] = {}
+_READY = STATE.memo("numba ready", "the (package name, dtype) pairs whose every kernel "
+                    "was compiled ahead")
+_NAMES = STATE.memo("numba package names", "each divergence's numba package name, by "
+                    "divergence key", max_entries=256)
 
 
 def _marker(div, dtype: str) -> tuple[tuple[str, str], Path]:
     """The key of ``(div, dtype)`` in :data:`_READY` and the file that says, in the private
     cache, that :func:`fbands._jit.backend.precompile` stored all of its kernels there."""
-    found = _NAMES.get(id(div))
-    if found is None or found[0] is not div:
-        found = _NAMES[id(div)] = (div, _package_name(div, package_files(div)))
-    name = f"{found[1]}-{dtype}-{_shared_stamp()}.ready"
-    return (found[1], dtype), cache_dir() / "ready" / name
+    package = _NAMES.get_or_make(div.key, lambda: _package_name(div, package_files(div)))
+    name = f"{package}-{dtype}-{_shared_stamp()}.ready"
+    return (package, dtype), cache_dir() / "ready" / name
 
 
-@functools.cache
 def _shared_stamp() -> str:
     """A hash of numba's version and of the shared kernels' text (and the tables' layout,
     which they are compiled against)."""
-    from fbands.tables import layout
+    def stamp():
+        from fbands.tables import layout
 
-    h = hashlib.sha256(numba.__version__.encode())
-    for path in (*(_HERE / name for name in _SHARED), Path(layout.__file__)):
-        h.update(path.read_bytes())
-    return h.hexdigest()[:16]
+        h = hashlib.sha256(numba.__version__.encode())
+        for path in (*(_HERE / name for name in _SHARED), Path(layout.__file__)):
+            h.update(path.read_bytes())
+        return h.hexdigest()[:16]
+
+    return _READY.get_or_make("shared stamp", stamp)
 
 
 def is_ready(div, dtype: str) -> bool:
@@ -181,7 +183,7 @@ def is_ready(div, dtype: str) -> bool:
     if key in _READY:
         return True
     if path.is_file():
-        _READY.add(key)
+        _READY.put(key, True)
         return True
     return False
 
@@ -189,16 +191,14 @@ def is_ready(div, dtype: str) -> bool:
 def mark_ready(div, dtype: str) -> None:
     """Record that :func:`fbands._jit.backend.precompile` compiled ``(div, dtype)``."""
     key, path = _marker(div, dtype)
-    _READY.add(key)
+    _READY.put(key, True)
     path.parent.mkdir(mode=0o700, exist_ok=True)
     _cache.write_file(path, b"")
 
 
 _LOCK = threading.Lock()
-#: The kernels loaded, by (id of the divergence, pure Python): ``(divergence, kernels)``
-#: (the divergence held, so that its id stays its own; an identity key costs a call
-#: nothing, where printing its sympy generator would cost a fifth of a millisecond).
-_LOADED: dict[tuple, tuple] = {}
+_LOADED = STATE.memo("numba kernels", "each divergence's compiled kernels, by (divergence "
+                     "key, pure Python)", max_entries=64)
 
 
 def kernels(div) -> Kernels:
@@ -214,16 +214,12 @@ def python_kernels(div) -> Kernels:
 
 
 def _load(div, *, python: bool) -> Kernels:
-    key = (id(div), python)
+    key = (div.key, python)
     found = _LOADED.get(key)
     if found is not None:
-        return found[1]
-    with _LOCK:
-        if key not in _LOADED:
-            same = next((k for d, k in _LOADED.values() if d == div and
-                         k.name.endswith("_python") == python), None)
-            _LOADED[key] = (div, same if same is not None else _import(div, python))
-        return _LOADED[key][1]
+        return found
+    with _LOCK:  # (one import of a package at a time)
+        return _LOADED.get_or_make(key, lambda: _import(div, python))
 
 
 def _import(div, python: bool) -> Kernels:

@@ -83,11 +83,11 @@ from fbands._inputs import (
 )
 from fbands._refine import is_huge
 from fbands._solver import Inputs, solve
+from fbands._state import STATE
 from fbands.backends import numpy_backend
 from fbands.backends.torch_grad import ImplicitEdges
 from fbands.errors import BandError
 from fbands.tables import torch_reader
-from fbands.tables.cache import TABLES
 
 __all__ = [
     "MIN_CAPACITY", "NEWTON_STEPS", "ImplicitEdges", "TorchNamespace", "capacity",
@@ -152,32 +152,28 @@ class TorchNamespace:
         return torch.maximum(a, b)
 
 
-_NAMESPACES: dict[torch.dtype, TorchNamespace] = {}
-
-
-def _namespace(dtype: torch.dtype) -> TorchNamespace:
-    # One object per dtype, kept alive: Divergence.kernels caches its bindings by identity.
-    if dtype not in _NAMESPACES:
-        _NAMESPACES[dtype] = TorchNamespace(dtype)
-    return _NAMESPACES[dtype]
-
-
-#: ``div.kernels`` bound to torch, by (divergence name, dtype): ``(divergence, kernels)``.
-_TORCH_KERNELS: dict[tuple, tuple] = {}
+_NAMESPACES = STATE.memo("torch namespaces", "torch's functions for the generated sources, one "
+                        "object per dtype")
+_TORCH_KERNELS = STATE.memo("torch kernels", "each divergence's kernels bound to torch, by "
+                            "(divergence key, dtype)", max_entries=256)
 
 
 def _kernels(div, dtype: torch.dtype):
     """``div.kernels`` bound to torch.
 
-    A plain dict lookup and an identity check are all that ``torch.compile`` has to trace
-    once the kernels exist; the first call for a divergence derives them with sympy, which
-    dynamo cannot trace: an eager call first (on the device-table path, a radius's second
-    eager call, which binds them with its complete tables: see :func:`device_table`).
+    A plain dict read is all that ``torch.compile`` has to trace once the kernels exist;
+    the first call for a divergence derives them with sympy, which dynamo cannot trace: an
+    eager call first (on the device-table path, a radius's second eager call, which binds
+    them with its complete tables: see :func:`device_table`).
     """
-    found = _TORCH_KERNELS.get((div.name, dtype))
-    if found is None or found[0] is not div:
-        found = _TORCH_KERNELS[(div.name, dtype)] = (div, div.kernels(_namespace(dtype)))
-    return found[1]
+    found = _TORCH_KERNELS.get((div.key, dtype))
+    if found is None:
+        found = _TORCH_KERNELS.put((div.key, dtype), div.kernels(_namespace(dtype)))
+    return found
+
+
+def _namespace(dtype: torch.dtype) -> TorchNamespace:
+    return _NAMESPACES.get_or_make(dtype, lambda: TorchNamespace(dtype))
 
 
 def solve_log_edges(div, x: Inputs, *, tiny: bool = True, at_one: bool = True):
@@ -280,11 +276,8 @@ def device_table(div, p, d: float, *, logp, invalid, check, log, sync: bool, siz
         # Eagerly, the kernels of the sync-free fix-up are bound too, so that a traced call
         # (which reads complete tables, takes no lock and cannot run sympy) finds them.
         _kernels(div, torch.float64)
-        if sync:
-            ts = TABLES.table_set(div, d, layout)
-            if not (ts.met or ts.is_complete):  # a radius new to the process
-                ts.cover(torch_reader.cells_reached(x, logp, ts.kbits))
-        tab = torch_reader.device_table(div, d, layout, bool(log), x.device, complete=not sync)
+        reached = (lambda kbits: torch_reader.cells_reached(x, logp, kbits)) if sync else None
+        tab = torch_reader.device_table(div, d, layout, bool(log), x.device, reached=reached)
         lo, hi, more = torch_reader.read(tab, x, logp=logp, log=log)
         bad, _ = invalid_masks(x, d, logp)  # (d: a valid number, checked on the host)
         zero = x == -math.inf if logp else torch.zeros_like(bad)  # the p -> 0 limit [0, inf)
@@ -298,7 +291,6 @@ def device_table(div, p, d: float, *, logp, invalid, check, log, sync: bool, siz
             if n_more:
                 lo, hi = _fix_up_on_host(div, x, lo, hi, more, d, logp=logp, log=log,
                                          dtype=p.dtype)
-            ts.met = True  # the next call: complete tables
         else:
             size = capacity(x.numel()) if size is None else min(int(size), x.numel())
             if size < x.numel():

@@ -14,8 +14,11 @@ import math
 
 import torch
 
+from fbands import symbolic
 from fbands._band_function import LP_TINY, BandFunction, Inputs, TinyUpper, log1mexp
 from fbands._inputs import TensorInputs, work_dtype
+from fbands._state import STATE
+from fbands.divergences import functions
 
 __all__ = ["LOG_C_CANCEL", "ImplicitEdges"]
 
@@ -174,7 +177,8 @@ def _lower_at_one(fun: BandFunction, x: Inputs, s):
 #: log of the other token's ratio ``c`` above which ``g_p`` is taken from the intercept (its
 #: plain form loses about ``eps c`` relatively: 1e-12 at ``c = 1e4``).
 LOG_C_CANCEL = math.log(1e4)
-_INTERCEPTS: dict[tuple, object] = {}
+_INTERCEPTS = STATE.memo("torch intercepts", "each divergence's tangent intercept bound to "
+                        "torch, by (divergence key, dtype)", max_entries=256)
 
 
 def _intercept(div, xp, dtype: torch.dtype):
@@ -182,15 +186,12 @@ def _intercept(div, xp, dtype: torch.dtype):
     torch, or None.  Where ``c`` is large, ``g_p = f(r) - f(c) + f'(c) (c - r)`` is a
     difference of two terms of size ``f'(inf) c`` (``c ~ (1 - r) / q`` for ``p`` next to 1);
     written as ``f(r) - T(c) - r f'(c)`` it has none."""
-    key = (str(div.f), dtype)
-    if key not in _INTERCEPTS:
-        from fbands import symbolic
-        from fbands.divergences import functions
 
+    def bind():
         src = div.intercept_source
-        _INTERCEPTS[key] = (None if src is None else
-                            symbolic.bind(src, functions(xp)))
-    return _INTERCEPTS[key]
+        return None if src is None else symbolic.bind(src, functions(xp))
+
+    return _INTERCEPTS.get_or_make((div.key, dtype), bind)
 
 
 def _inner_derivatives(fun: BandFunction, x: Inputs, s):

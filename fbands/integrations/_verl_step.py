@@ -12,10 +12,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import functools
 from typing import Any
 
 from fbands import losses as fl
+from fbands._state import STATE
 from fbands.errors import ConfigError
 from fbands.integrations._options import radius_schedule
 
@@ -46,10 +46,14 @@ def schedule_for(cfg: fl.LossConfig, text: str, error: type[ConfigError]):
     return _schedule_of(text, cfg, error)
 
 
-@functools.lru_cache(maxsize=64)
 def _schedule_of(text: str, cfg: fl.LossConfig, error: type[ConfigError]):
-    return radius_schedule("policy_loss.delta_schedule", text, cfg, error,
-                           method=f"method {cfg.method!r}", adaptive=False)
+    return _SCHEDULES.get_or_make((text, cfg, error), lambda: radius_schedule(
+        "policy_loss.delta_schedule", text, cfg, error, method=f"method {cfg.method!r}",
+        adaptive=False))
+
+
+_SCHEDULES = STATE.memo("verl schedules", "verl's radius schedules, parsed, by (text, loss "
+                        "config, error class)", max_entries=64)
 
 
 def scheduled(cfg: fl.LossConfig, text: str | None, error: type[ConfigError]) -> fl.LossConfig:

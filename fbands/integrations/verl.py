@@ -54,6 +54,7 @@ from verl.workers.config import ActorConfig, PolicyLossConfig
 import fbands
 from fbands import _methods
 from fbands import losses as fl
+from fbands._state import STATE
 from fbands.errors import ConfigError
 from fbands.integrations._names import merge, mode_fields
 from fbands.integrations._options import as_bool, as_float, as_str
@@ -88,10 +89,9 @@ LOSS_MODES: dict[str, str | None] = {
 #: fbands distribution declares it in pyproject.toml.
 ENTRY_POINT = ("verl.plugins", "fbands", "fbands.integrations.verl")
 
-
 logger = logging.getLogger(__name__)
 _ACTOR = ActorConfig.__dataclass_fields__  # verl's defaults of the clip ratios
-_LOGGED: set[fl.LossConfig] = set()  # the configurations already logged by this process
+_LOGGED = STATE.memo("verl logged", "the loss configurations this worker logged")
 
 
 class VerlBandError(ConfigError):
@@ -436,7 +436,7 @@ def compute_policy_loss(
                             "verl loss (vanilla), not a band")
     cfg = loss_config(section, config, loss_mode=loss_mode)
     if cfg not in _LOGGED:  # once per configuration and worker process
-        _LOGGED.add(cfg)
+        _LOGGED.put(cfg, True)
         logger.info("fbands band loss %r: %s", loss_mode, cfg)
     cfg = scheduled(cfg, _get(section, "delta_schedule", None), VerlBandError)
     batch_info = dict(_get(config, "global_batch_info", None) or {})

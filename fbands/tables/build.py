@@ -19,13 +19,13 @@ extended precision).
 
 from __future__ import annotations
 
-import functools
 import math
 import threading
 
 import numpy as np
 
 from fbands import _refine, _solver
+from fbands._state import STATE
 from fbands.tables import layout as L
 
 __all__ = ["LAYOUTS", "Table", "TableSet", "build_tables"]
@@ -200,10 +200,12 @@ def _allowed(s: np.ndarray, tol: float) -> np.ndarray:
     return np.maximum(tol * np.minimum(np.maximum(np.abs(s), 1e-6), ratio), floor)
 
 
-@functools.cache
 def _fitter(layout: str) -> _Fitter:
     cfg = LAYOUTS[layout]
-    return _Fitter(cfg["tol"], cfg["zero_below"])
+    return _FITTERS.get_or_make(layout, lambda: _Fitter(cfg["tol"], cfg["zero_below"]))
+
+
+_FITTERS = STATE.memo("table fitters", "the least-squares fit of each table layout")
 
 
 def _cell_rows(div, delta: float, layout: str, cells: np.ndarray, first_row: int):
@@ -261,17 +263,12 @@ class TableSet:
     arrays (:attr:`modes`, ``{log: Table}``) in one assignment, so that a reader never sees
     a half-built table.
 
-    The readers build in two steps (:attr:`met`): the first call with a radius builds the
-    cells its data reaches (a few hundred of a table's thousands for a typical batch, so
-    a radius that changes every call costs milliseconds), and the radius's next call
-    completes the set (:meth:`fbands.tables.cache.TableCache.complete_set`, which also
-    stores it on disk), so that a radius that comes back, a trainer's fixed one, never
-    builds again however its data moves.  A cell's rows depend on that cell alone
-    (:func:`_cell_rows`), so a call answers with the same bits whatever was built before.
+    Which cells a reading call builds is the table-completion policy's choice
+    (:data:`fbands.tables.cache.COMPLETION`): by default the cells its data reaches (a few
+    hundred of a table's thousands for a typical batch) on a radius's first call, and all
+    of them on its next.  A cell's rows depend on that cell alone (:func:`_cell_rows`), so
+    a call answers with the same bits whatever was built before.
     """
-
-    #: Whether a call has read this set already; the readers complete a set met before.
-    met = False
 
     def __init__(self, div, delta: float, layout: str):
         self.div, self.delta, self.layout = div, float(delta), layout

@@ -5,33 +5,59 @@ that the numba passes read (built cell by cell as data reaches it), the complete
 that the torch reader copies to a device (loaded from :mod:`.store` when an earlier process
 stored them, else built and stored), their copies on each device, and the lower edge at
 ``p = 1`` the passes need.  At most :data:`MAX_TABLES` sets are kept; the least recently
-used goes first, with everything derived from it.
+used goes first, with everything derived from it.  :data:`TABLES` is part of the process's
+state (:data:`fbands._state.STATE`), which clears it with the rest.
+
+When a reader builds a whole set is the table-completion policy (:data:`COMPLETION`), one
+attribute of the cache that both readers (the numba pass and the torch device-table path)
+ask through :meth:`TableCache.reading_set`.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
+
+import numpy as np
 
 from fbands import _notice, _solver
+from fbands._state import STATE
 from fbands.errors import BandError
 from fbands.tables import layout, store
 from fbands.tables.build import LAYOUTS, Table, TableSet
 
-__all__ = ["MAX_TABLES", "TABLES", "TableCache"]
+__all__ = ["COMPLETION", "MAX_TABLES", "TABLES", "TableCache"]
 
 #: How many (divergence, delta, layout) table sets are kept (least recently used go first).
 #: A complete float64 pair takes about 9 MB and a float32 pair about 2.5 MB; one built for a
 #: batch's data holds only the cells the batch reached.
 MAX_TABLES = 16
 
+#: The table-completion policies (:attr:`TableCache.completion`), and what each does.
+COMPLETION = {
+    "on-return": "a radius's first call builds the cells its data reaches (milliseconds, so "
+                 "that a radius that changes every call, a schedule's, costs little); its "
+                 "next call (the radius came back, as a trainer's fixed one does) completes "
+                 "the set once, from the disk cache when an earlier process stored it",
+    "first-call": "every call reads complete tables: a radius's first call builds, or "
+                  "loads, all of them",
+}
+
 
 class TableCache:
     """Table sets keyed by ``(divergence, delta, layout)``, and what hangs off each: its
-    device copies (keyed by device as well) and its limit at ``p = 1`` (by output kind)."""
+    device copies (keyed by device as well) and its limit at ``p = 1`` (by output kind).
 
-    def __init__(self, max_sets: int = MAX_TABLES):
+    ``completion`` is the table-completion policy, a key of :data:`COMPLETION`.  A cell's
+    rows depend on that cell alone, so the policy decides the work, never the bits."""
+
+    def __init__(self, max_sets: int = MAX_TABLES, completion: str = "on-return"):
+        if completion not in COMPLETION:
+            raise ValueError(f"completion must be one of {', '.join(COMPLETION)}, not "
+                             f"{completion!r}")
         self.max_sets = max_sets
+        self.completion = completion
         self._lock = threading.RLock()
         self._sets: OrderedDict[tuple, TableSet] = OrderedDict()
         self._derived: dict[tuple, dict] = {}
@@ -42,11 +68,12 @@ class TableCache:
             self._sets.clear()
             self._derived.clear()
 
-    def _key(self, div, delta: float, layout_name: str) -> tuple:
-        # By identity (the divergence is held by its set): printing its sympy generator
-        # would cost a call a fifth of a millisecond.  Equal divergences made apart build
-        # their own tables (the registry hands out one object per name).
-        return id(div), float(delta), layout_name
+    def __len__(self) -> int:
+        return len(self._sets)
+
+    @staticmethod
+    def _key(div, delta: float, layout_name: str) -> tuple:
+        return div.key, float(delta), layout_name
 
     def table_set(self, div, delta: float, layout_name: str = "float64") -> TableSet:
         """The :class:`TableSet` of ``div`` at ``delta`` (nothing built yet when new)."""
@@ -64,6 +91,24 @@ class TableCache:
         while len(self._sets) > self.max_sets:
             old, _ = self._sets.popitem(last=False)
             self._derived.pop(old, None)
+        return ts
+
+    def reading_set(self, div, delta: float, layout_name: str,
+                    reached: Callable[[int], np.ndarray]) -> TableSet:
+        """The set a reading call of ``div`` at ``delta`` reads, built as the policy
+        (:attr:`completion`) says: complete, or with at least the cells that
+        ``reached(kbits)`` (a boolean mask of the cells the call's data falls in) marks."""
+        ts = self.table_set(div, delta, layout_name)
+        if ts.is_complete:
+            return ts
+        key = self._key(div, delta, layout_name)
+        with self._lock:
+            derived = self._derived.setdefault(key, {})
+            returning = derived.get("read", False)
+            derived["read"] = True
+        if returning or self.completion == "first-call":
+            return self.complete_set(div, delta, layout_name)
+        ts.cover(reached(ts.kbits))
         return ts
 
     def complete(self, div, delta: float, layout_name: str = "float64") -> dict[bool, Table]:
@@ -167,3 +212,5 @@ class TableCache:
 
 #: The process's tables.
 TABLES = TableCache()
+STATE.adopt("tables", TABLES, "band tables, grids and their device copies, by (divergence "
+            "key, delta, layout)")

@@ -23,16 +23,13 @@ from pathlib import Path
 import numpy as np
 
 from fbands import _cache
-from fbands._fingerprint import code_fingerprint
+from fbands._fingerprint import package_fingerprint
 from fbands.tables import layout
 
 __all__ = ["key", "load", "load_grid", "store", "store_grid"]
 
 #: Archives kept in the directory (a float64 pair is about 9 MB, a float32 pair 2.5 MB).
 MAX_FILES = 32
-
-_CODE: list[str] = []
-
 
 #: The code that builds tables and grids: the layouts, the fits and the array solver.
 _BUILDERS = ("build.py", "layout.py", "grid.py", "../_solver.py", "../_band_function.py",
@@ -41,10 +38,8 @@ _BUILDERS = ("build.py", "layout.py", "grid.py", "../_solver.py", "../_band_func
 
 def _code_hash() -> str:
     """The code of :data:`_BUILDERS` (comments and docstrings aside) and numpy's version."""
-    if not _CODE:
-        here = Path(__file__).resolve().parent
-        _CODE.append(code_fingerprint((here / name for name in _BUILDERS), np.__version__))
-    return _CODE[0]
+    here = Path(__file__).resolve().parent
+    return package_fingerprint("tables", (here / name for name in _BUILDERS), np.__version__)
 
 
 def key(derivation: str, delta: float, layout: str) -> str:

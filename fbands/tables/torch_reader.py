@@ -7,13 +7,15 @@ each table's arrays on each device.  Importing it imports torch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from fbands._state import STATE
 from fbands.tables import grid, layout
-from fbands.tables.cache import TABLES
+from fbands.tables.cache import MAX_TABLES, TABLES
 
 __all__ = ["DeviceGrid", "DeviceTable", "cells_reached", "device_grid", "device_table", "read",
            "read_grid"]
@@ -32,34 +34,29 @@ class DeviceTable:
     at_one: float
 
 
-#: Complete tables already on a device, by (divergence name, delta, layout, log, device):
-#: plain dict reads (and an identity check of the divergence), which is all that
-#: ``torch.compile`` has to trace once an entry exists.  Entries follow the table cache's
-#: sets (:meth:`fbands.tables.cache.TableCache.on_device` holds the tensors).
-_READY: dict[tuple, tuple] = {}
+_READY = STATE.memo("device tables", "complete band tables on a device, by (divergence key, "
+                    "delta, layout, log, device)", max_entries=4 * MAX_TABLES)
 
 
 def device_table(div, d: float, layout_name: str, log: bool, device, *,
-                 complete: bool) -> DeviceTable:
-    """The table of ``div`` at ``d`` on ``device``: the complete one (built, or loaded
-    from disk, on the first call; what a traced or captured call must read), or with
-    ``complete=False`` the cells built so far for a radius new to the process (the host
-    fix-up builds those its elements reach, so a radius that changes every call costs
-    milliseconds, not a complete build), and the complete one once a call has read the
-    radius (:attr:`fbands.tables.build.TableSet.met`)."""
-    key = (div.name, d, layout_name, bool(log), device)
+                 reached: Callable[[int], np.ndarray] | None = None) -> DeviceTable:
+    """The table of ``div`` at ``d`` on ``device``: with ``reached=None`` the complete one
+    (built, or loaded from disk, on the first call; what a traced or captured call must
+    read, and all it traces once the entry exists is a plain dict read), else the one the
+    table-completion policy gives a call whose data falls in the cells ``reached(kbits)``
+    marks (:meth:`fbands.tables.cache.TableCache.reading_set`: by default a radius's first
+    call builds those cells only, and the host fix-up solves whatever a partial table
+    leaves, so that a radius that changes every call costs milliseconds)."""
+    key = (div.key, d, layout_name, bool(log), device)
     found = _READY.get(key)
-    if found is not None and found[0] is div:
-        return found[1]
-    ts = TABLES.table_set(div, d, layout_name)
-    if not complete and not ts.met:
-        return _on_device(div, d, layout_name, log, ts.modes[bool(log)], device)
-    out = _on_device(div, d, layout_name, log, TABLES.complete(div, d, layout_name)[bool(log)],
-                     device)
-    while len(_READY) >= 4 * TABLES.max_sets:
-        del _READY[next(iter(_READY))]
-    _READY[key] = (div, out)
-    return out
+    if found is not None:
+        return found
+    if reached is not None:
+        ts = TABLES.reading_set(div, d, layout_name, reached)
+        if not ts.is_complete:
+            return _on_device(div, d, layout_name, log, ts.modes[bool(log)], device)
+    table = TABLES.complete(div, d, layout_name)[bool(log)]
+    return _READY.put(key, _on_device(div, d, layout_name, log, table, device))
 
 
 def _on_device(div, d, layout_name, log, table, device) -> DeviceTable:
@@ -102,13 +99,11 @@ class DeviceGrid:
     exponents: torch.Tensor
 
 
-#: Grids already on a device, by (divergence name, delta, dtype, device): as for
-#: :data:`_READY`, a plain dict read once an entry exists; the oldest entries go first
-#: beyond ``4 * TABLES.max_sets``.
-_GRIDS: dict[tuple, tuple] = {}
-#: Grids read while a CUDA graph was captured: kept for the life of the process, since the
-#: graph replays reads of their memory (a few hundred kilobytes at most each).
-_CAPTURED: dict[tuple, DeviceGrid] = {}
+_GRIDS = STATE.memo("device grids", "band grids on a device, by (divergence key, delta, "
+                    "dtype, device)", max_entries=4 * MAX_TABLES)
+_CAPTURED = STATE.memo("captured grids", "grids read while a CUDA graph was captured: kept "
+                       "while the graph may replay reads of their memory (a few hundred "
+                       "kilobytes each at most)")
 
 
 def _capturing(device) -> bool:
@@ -126,23 +121,24 @@ def device_grid(div, d: float, dtype: str, device, *, wait: bool = True) -> Devi
     cache, or built, on the first call of the process); None where no grid meets
     :data:`.grid.FLOAT32_BOUND` (a user's divergence may not), or, with ``wait=False``,
     on a radius's first call when no grid is stored (:meth:`.cache.TableCache.grid`)."""
-    key = (div.name, d, dtype, device)
-    found = _GRIDS.get(key)
-    if found is None or found[0] is not div:
+    key = (div.key, d, dtype, device)
+    found = _GRIDS.get(key, _NONE)
+    if found is _NONE:
         g = TABLES.grid(div, d, dtype, wait=wait)
         if g is None and TABLES.grid_deferred(div, d, dtype):
             return None  # (not remembered: the next call builds it)
-        out = None
+        found = None
         if g is not None and (dtype != "float32" or g.worst <= grid.FLOAT32_BOUND):
             exps = np.arange(grid.DEG + 1, dtype=g.bounds.dtype)
-            out = DeviceGrid(*(torch.from_numpy(a).to(device)
-                               for a in (g.bounds, g.rows, exps)))
-        while len(_GRIDS) >= 4 * TABLES.max_sets:
-            del _GRIDS[next(iter(_GRIDS))]
-        found = _GRIDS[key] = (div, out)
-    if found[1] is not None and not torch.compiler.is_compiling() and _capturing(device):
-        _CAPTURED[key] = found[1]
-    return found[1]
+            found = DeviceGrid(*(torch.from_numpy(a).to(device)
+                                 for a in (g.bounds, g.rows, exps)))
+        _GRIDS.put(key, found)
+    if found is not None and not torch.compiler.is_compiling() and _capturing(device):
+        _CAPTURED.put(key, found)
+    return found
+
+
+_NONE = object()  # (a grid remembered as None: none meets the bound)
 
 
 def read_grid(g: DeviceGrid, x):
