@@ -14,14 +14,25 @@ from __future__ import annotations
 import importlib
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from fbands._checks import is_positive
-from fbands._inputs import check_kind, is_tensor, scalar_delta, work_dtype
+from fbands._inputs import Request, check_kind, is_tensor, scalar_delta, work_dtype
 from fbands._optional import raise_missing
+from fbands._paths import (
+    CLOSED_PASS,
+    DEVICE_GRID,
+    DEVICE_SOLVER,
+    DEVICE_TABLE,
+    EXACT,
+    HOST,
+    PATHS,
+    TABLE,
+    Plan,
+)
 from fbands._refine import HUGE_DELTA
 from fbands.divergences import Divergence, get
 from fbands.errors import BandError
@@ -36,33 +47,6 @@ BACKENDS = {
     "cvxpy": "fbands.backends.cvxpy_backend",
 }
 
-#: numba: the closed forms of both edges, chosen and clamped without a branch, in one pass.
-CLOSED_PASS = "closed-pass"
-#: numba: the interpolation tables of the (divergence, delta) pair, in one pass.
-TABLE = "table"
-#: numba, numpy or cvxpy: every element by the exact solver (closed form or safeguarded
-#: Newton, refined in extended precision where float64 cannot resolve a lower edge).
-EXACT = "exact"
-#: torch: the tables read by torch operations on the tensor's device (the CPU included);
-#: the elements they leave are solved on the host by the numpy backend after one
-#: synchronisation, or, where the call may not synchronise (traced, or captured in a CUDA
-#: graph), by the fixed-count solver on the device.
-DEVICE_TABLE = "device-table"
-#: torch: the grid of the (divergence, delta) pair read on the tensor's device, a fixed
-#: graph of seventeen kernels with no host read (:mod:`fbands.tables.grid`).
-DEVICE_GRID = "device-grid"
-#: torch: a CPU tensor with a radius per element, handed to the numpy backend's exact
-#: solver through a zero-copy numpy view.
-HOST = "host"
-#: torch: the exact fixed-count solver on every element.
-DEVICE_SOLVER = "device-solver"
-#: The paths of each backend.
-PATHS = {
-    "numpy": (EXACT,),
-    "cvxpy": (EXACT,),
-    "numba": (CLOSED_PASS, TABLE, EXACT),
-    "torch": (DEVICE_GRID, DEVICE_TABLE, HOST, DEVICE_SOLVER),
-}
 #: ``backend="auto"`` hands arrays of at least this many elements to numba once the
 #: kernels of their divergence and dtype were compiled ahead (:func:`fbands.precompile`):
 #: below it the numpy solver takes at most a few tens of milliseconds; above it numba's
@@ -76,22 +60,6 @@ NUMBA_FROM = 1 << 16
 TABLE_DELTA_MIN = 1e-6
 #: What an invalid element may do.
 INVALID = ("raise", "nan")
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The whole decision for one call.
-
-    ``backend`` and ``path``: who computes it and how (:data:`PATHS`).  ``sync``: on the
-    torch device paths, whether the call may wait for the device, once: to count and solve
-    on the host what the tables leave (``device-table``), and to skip the solver branches
-    no element needs (``device-solver``); a traced or captured call may not, and does both
-    on the device.
-    """
-
-    backend: str
-    path: str
-    sync: bool = True
 
 
 def plan(div: Divergence, p: Any, delta: Any, *, backend: str = "auto", logp: bool,
@@ -194,40 +162,24 @@ def compute(method: str, div: str | Divergence, p: Any, delta: Any, backend: str
         raise BandError(f"invalid must be one of {INVALID}, got {invalid!r}")
     for name, value in (("p", p), ("delta", delta)):
         check_kind(name, value, check)
-    log = method == "log_edges"
+    request = Request(logp=logp, log=method == "log_edges", invalid=invalid, check=check)
     d = get(div)
-    chosen = plan(d, p, delta, backend=backend, logp=logp, log=log, path=path,
+    chosen = plan(d, p, delta, backend=backend, logp=logp, log=request.log, path=path,
                   sync_free=sync_free)
-    options = dict(logp=logp, invalid=invalid, check=check, log=log)
-    if chosen.backend == "torch":
-        torch_backend = _module("torch")
-        if torch_backend.wants_grad(p, delta):
-            def solve(x, radius):  # the call itself, on detached inputs
-                return _run(chosen, d, x, radius, options, capacity)
+    if capacity is not None:
+        chosen = replace(chosen, capacity=capacity)
+    backend_module = _module(chosen.backend)
+    if chosen.backend == "torch" and backend_module.wants_grad(p, delta):
+        def solve(x, radius):  # the call itself, on detached inputs
+            return backend_module.run(chosen, d, x, radius, request)
 
-            def log_edges(x, radius):  # what the backward pass differentiates
-                return compute("log_edges", d, x, radius, "torch", logp=logp, invalid="nan",
-                               check=False)
+        def log_edges(x, radius):  # what the backward pass differentiates
+            return compute("log_edges", d, x, radius, "torch", logp=logp, invalid="nan",
+                           check=False)
 
-            return torch_backend.with_grad(d, p, delta, solve, log_edges, logp=logp, log=log)
-    return _run(chosen, d, p, delta, options, capacity)
-
-
-def _run(chosen: Plan, div, p, delta, options: dict, capacity):
-    module = _module(chosen.backend)
-    if chosen.backend == "numba":
-        return module.PATHS[chosen.path](div, p, delta, **options)
-    if chosen.backend != "torch":
-        return module.exact(div, p, delta, **options)
-    if chosen.path == HOST:
-        x, radius, back = module.to_numpy(p, delta)
-        return back(*_module("numpy").exact(div, x, radius, **options))
-    if chosen.path == DEVICE_GRID:
-        return module.device_grid(div, p, scalar_delta(delta), sync=chosen.sync, **options)
-    if chosen.path == DEVICE_TABLE:
-        return module.device_table(div, p, scalar_delta(delta), sync=chosen.sync,
-                                   size=capacity, **options)
-    return module.device_solver(div, p, delta, probe=chosen.sync, **options)
+        return backend_module.with_grad(d, p, delta, solve, log_edges, logp=logp,
+                                        log=request.log)
+    return backend_module.run(chosen, d, p, delta, request)
 
 
 def _module(name: str):

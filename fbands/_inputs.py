@@ -11,15 +11,19 @@ decide validity, and word their errors, here.
 * :func:`invalid_masks` marks invalid elements; :func:`raise_invalid` raises a
   :class:`~fbands.errors.BandError` naming the first one (index of the input's own shape)
   and how many there are;
-* :class:`NumpyInputs` and :class:`TensorInputs` validate, broadcast and derive
-  ``log p, log(1 - p), p, 1 - p, delta`` (:class:`fbands._solver.Inputs`), and turn the
-  solver's log-edges back into the output (:func:`finish_edges`).
+* :class:`Request` is what a call asks besides its data, the one object every path of
+  every backend receives;
+* :class:`NumpyInputs` and :class:`TensorInputs` are the one prepare / finish pair of the
+  arrays and of the tensors: they validate, broadcast and derive ``log p, log(1 - p), p,
+  1 - p, delta`` (:class:`fbands._solver.Inputs`), and turn the solver's log-edges back
+  into the output the request asks for (:func:`finish_edges`).
 """
 
 from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,6 +44,26 @@ FILL_LOGP = -math.log(2.0)
 
 #: Domains as the error messages state them.
 _DOMAIN = {False: ("p", "(0, 1]"), True: ("log p", "[-inf, 0]")}
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a band call asks besides its data.
+
+    ``logp``: ``p`` holds log-probabilities; ``log``: the answer is the log-edges;
+    ``invalid``: what an invalid element does (``"raise"``, or ``"nan"``: its edges are nan);
+    ``check``: whether the values are validated at all (:func:`fbands.bounds`).
+    """
+
+    logp: bool = False
+    log: bool = False
+    invalid: str = "raise"
+    check: bool = True
+
+    @property
+    def raises(self) -> bool:
+        """Whether an invalid element raises: checked, with ``invalid="raise"``."""
+        return self.check and self.invalid == "raise"
 
 
 def is_tensor(x: Any) -> bool:
@@ -182,9 +206,10 @@ def finish_edges(xp, x: Inputs, lo, hi, bad, *, log: bool):
 class NumpyInputs:
     """Validated, broadcast float64 inputs of the numpy-family backends, and the way back."""
 
-    def __init__(self, p: Any, delta: Any, *, logp: bool, invalid: str, check: bool):
+    def __init__(self, p: Any, delta: Any, request: Request):
         self.scalar = isinstance(p, (int, float)) and not isinstance(p, bool)
-        self.logp = logp
+        self.request = request
+        self.logp = logp = request.logp
         arr = np.asarray(p)  # (bools were refused by check_kind)
         if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
             raise BandError(f"p must be real numbers, got dtype {arr.dtype}")
@@ -206,20 +231,22 @@ class NumpyInputs:
         with np.errstate(invalid="ignore"):
             bad_p, bad_d = invalid_masks(x, d, logp)
         self.bad = bad_p | bad_d
-        if check and invalid == "raise":
+        if request.raises:
             raise_invalid(bad_p, given[0], bad_d, given[1], logp)
         with np.errstate(all="ignore"):
             x = np.where(self.bad, FILL_LOGP if logp else FILL_P, x)
             d = np.where(self.bad, FILL_DELTA, d)
             inputs = band_inputs(np, x, d, logp=logp)
+        self.inputs = inputs
         self.lp, self.lq, self.p, self.q, self.delta = (
             inputs.lp, inputs.lq, inputs.p, inputs.q, inputs.delta)
         self.zero = np.isneginf(self.lp)  # logp = -inf: the p -> 0 limit
 
-    def finish(self, lo, hi, *, log: bool):
-        """Apply the limits and the invalid mask, and return values of the input's kind."""
+    def finish(self, lo, hi):
+        """Apply the limits and the invalid mask, and return values of the input's kind (the
+        edges, or their logs, as the request asks) from the log-edges ``lo``, ``hi``."""
         with np.errstate(all="ignore"):
-            lo, hi = finish_edges(np, self, lo, hi, self.bad, log=log)
+            lo, hi = finish_edges(np, self, lo, hi, self.bad, log=self.request.log)
             # + 0.0 turns the -0.0 of log(1) into 0.0.
             lo, hi = (lo + 0.0).astype(self.dtype), (hi + 0.0).astype(self.dtype)
         if self.scalar:
@@ -249,9 +276,11 @@ class TensorInputs:
     elements (None when neither checked nor asked for).
     """
 
-    def __init__(self, p: Any, delta: Any, *, logp: bool, invalid: str, check: bool,
-                 probe: bool = False):
+    def __init__(self, p: Any, delta: Any, request: Request, *, probe: bool = False):
         import torch
+
+        self.request = request
+        logp, invalid, check = request.logp, request.invalid, request.check
 
         if isinstance(p, torch.Tensor):
             self.kind = "tensor"
@@ -303,14 +332,15 @@ class TensorInputs:
             found = torch.stack((bad, ((lp < LP_CLOSED) & (lp > -math.inf)).any(),
                                  (lp == 0).any()))
             any_bad, self.tiny, self.at_one = (bool(v) for v in found.tolist())
-            if check and any_bad and invalid == "raise":
+            if any_bad and request.raises:
                 raise_invalid(bad_p, given[0], bad_d, given[1], logp)
 
-    def finish(self, lo, hi, *, log: bool):
-        """Output edges of the input's kind (tensor, float or numpy array) and dtype."""
+    def finish(self, lo, hi):
+        """Output edges (or log-edges, as the request asks) of the input's kind (tensor,
+        float or numpy array) and dtype, from the log-edges ``lo``, ``hi``."""
         import torch
 
-        lo, hi = finish_edges(torch, self.inputs, lo, hi, self.bad, log=log)
+        lo, hi = finish_edges(torch, self.inputs, lo, hi, self.bad, log=self.request.log)
         lo, hi = lo.to(self.out_dtype), hi.to(self.out_dtype)
         if self.kind == "tensor":
             return lo, hi

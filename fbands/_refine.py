@@ -17,9 +17,8 @@ import numpy as np
 from fbands._solver import LP_TINY, NAMESPACE, BandFunction, Inputs, Namespace, solve
 from fbands._solver import NUMPY as xp
 
-__all__ = ["CLOSE_TO_SATURATION", "HUGE_DELTA", "REFINE_ABOVE", "SMALL_EDGE", "is_huge",
-           "near_saturation", "solve_huge_radius",
-           "refine_near_saturation"]
+__all__ = ["CLOSE_TO_SATURATION", "HUGE_DELTA", "REFINE_ABOVE", "SMALL_EDGE", "exact_log_edges",
+           "is_huge", "near_saturation", "refine_near_saturation", "solve_huge_radius"]
 
 
 #: Lower edges below this, with the ball this close to reaching r = 0 (relative to delta),
@@ -258,3 +257,14 @@ def solve_huge_radius(div, x: Inputs, s_lo, s_hi, *, from_logp: bool):
         lo, hi = solve(div, xp_extended, Inputs(lp, lq, p, q, delta), closed_forms=False)
     s_lo[huge], s_hi[huge] = lo.astype(np.float64), hi.astype(np.float64)
     return s_lo, s_hi
+
+
+def exact_log_edges(div, x: Inputs, *, from_logp: bool):
+    """``(log lower, log upper)`` of prepared float64 inputs by the array solver on numpy,
+    with the lower edges float64 cannot resolve refined (:func:`refine_near_saturation`)
+    and a huge radius solved again (:func:`solve_huge_radius`): the numpy backend's exact
+    path, which the grids' builder reads too."""
+    with np.errstate(all="ignore"):
+        s_lo, s_hi = solve(div, xp, x)
+        s_lo = refine_near_saturation(div, x, s_lo, from_logp=from_logp)
+        return solve_huge_radius(div, x, s_lo, s_hi, from_logp=from_logp)

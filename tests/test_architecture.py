@@ -289,3 +289,35 @@ def test_picture_names_a_cycle(tmp_path):
     assert "1 import cycle(s)" in figure and "`fbands.sub.c`, `fbands.sub.d`" in figure
     svg = (tmp_path / "out" / "module_graph.svg").read_text(encoding="utf-8")
     assert fbands_graph.CYCLE_COLOUR in svg
+
+
+# ----------------------------------------------------------------------------- the backends
+
+
+def test_every_backend_offers_one_run_and_the_dispatch_calls_nothing_else():
+    """The backend interface (:mod:`fbands._paths`): each backend module has ``run(plan,
+    div, p, delta, request)``, and the dispatch calls a backend module through it and the
+    few questions the interface names, never a path's own function."""
+    import importlib
+    import inspect
+
+    pytest.importorskip("torch")
+    pytest.importorskip("cvxpy")
+    from fbands._dispatch import BACKENDS
+
+    for name, module in BACKENDS.items():
+        run = importlib.import_module(module).run
+        assert list(inspect.signature(run).parameters) == ["plan", "div", "p", "delta",
+                                                          "request"], name
+    tree = ast.parse((ROOT / "fbands" / "_dispatch.py").read_text(encoding="utf-8"))
+
+    def is_backend(node) -> bool:  # _module(...)
+        return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id == "_module")
+
+    held = {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign)
+            and is_backend(node.value) for t in node.targets if isinstance(t, ast.Name)}
+    asked = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+             and (is_backend(node.value)
+                  or isinstance(node.value, ast.Name) and node.value.id in held)}
+    assert held and asked == {"run", "has_closed_pass", "is_ready", "wants_grad", "with_grad"}

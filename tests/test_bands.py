@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import fbands
 from fbands import _refine, _solver
 from fbands._dispatch import PATHS, plan
-from fbands._inputs import NumpyInputs
+from fbands._inputs import NumpyInputs, Request
 
 from . import _user as user
 from . import reference as ref
@@ -79,7 +79,7 @@ def test_closed_form_equals_generic_solver(div):
     p = np.exp(rng.uniform(math.log(1e-12), math.log1p(-1e-9), 300))
     delta = np.exp(rng.uniform(math.log(1e-4), 0, 300))
     d = fbands.get(div)
-    x = NumpyInputs(p, delta, logp=False, invalid="raise", check=True)
+    x = NumpyInputs(p, delta, Request())
     inputs = _solver.Inputs(x.lp, x.lq, x.p, x.q, x.delta)
     with np.errstate(all="ignore"):
         closed = _solver.solve(d, _solver.NUMPY, inputs)
@@ -168,7 +168,7 @@ def test_extended_precision_settles_the_refinements(div, monkeypatch):
     even = np.concatenate((np.arange(t.size) < 40,) * 2)
     p = _saturation_threshold(div, delta) * np.concatenate((1 - t, 1 + t))
     for logp in (False, True):
-        x = NumpyInputs(np.log(p) if logp else p, delta, logp=logp, invalid="raise", check=True)
+        x = NumpyInputs(np.log(p) if logp else p, delta, Request(logp=logp))
         inputs = _solver.Inputs(x.lp, x.lq, x.p, x.q, x.delta)
         with np.errstate(all="ignore"):
             s_lo, _ = _solver.solve(fbands.get(div), _solver.NUMPY, inputs)

@@ -17,6 +17,7 @@ def test_a_long_array_goes_by_chunks_with_the_same_bits_and_little_memory():
     included, and an invalid element is reported at its index in the whole array."""
     import tracemalloc
 
+    from fbands._inputs import Request
     from fbands.backends import numpy_backend as nb
 
     kl = fbands.get("kl")
@@ -26,8 +27,9 @@ def test_a_long_array_goes_by_chunks_with_the_same_bits_and_little_memory():
     p[[5, nb.CHUNK + 3]] = [2.0, np.nan]
     delta = rng.uniform(0.01, 0.2, (1, n))
     for args in ((p, 0.05), (p.astype(np.float32), delta), (p[:, None], delta[:, :7])):
-        got = nb.exact(kl, *args, logp=False, invalid="nan", check=True, log=True)
-        want = nb._exact(kl, *args, logp=False, invalid="nan", check=True, log=True)
+        request = Request(log=True, invalid="nan")
+        got = nb.exact(kl, *args, request)
+        want = nb._exact(kl, *args, request)
         for g, w in zip(got, want, strict=True):
             assert g.shape == w.shape and g.dtype == w.dtype
             assert g.tobytes() == w.tobytes()

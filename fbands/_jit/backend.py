@@ -1,6 +1,7 @@
 r"""numba backend: the band on numpy arrays by JIT-compiled, parallel kernels.
 
-Three paths, which :func:`fbands._dispatch.plan` chooses between (:data:`PATHS`):
+Three paths, which :func:`fbands._dispatch.plan` chooses between
+(:data:`fbands._paths.PATHS`), and :func:`run` carries out:
 
 * **exact** (per-element ``delta``, any dtype, scalars): the inputs are prepared by
   :class:`fbands._inputs.NumpyInputs` and each element is solved by the scalar form of the
@@ -24,24 +25,25 @@ once per machine: :mod:`fbands._jit.loader` keeps numba's cache on disk).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numba  # noqa: F401  (the import error tells fbands that this backend is unusable)
 import numpy as np
 
 from fbands import _solver
-from fbands._inputs import NumpyInputs, check_values, invalid_masks
+from fbands._inputs import NumpyInputs, Request, check_values, invalid_masks
 from fbands._jit import loader, table_kernels, threads
 from fbands._jit.codegen import has_closed_pass
 from fbands._jit.loader import is_ready
 from fbands._jit.prims import BLOCK, unfinished
+from fbands._paths import CLOSED_PASS, EXACT, TABLE, Plan
 from fbands._refine import refine_near_saturation, solve_huge_radius
 from fbands._solver import LP_CLOSED, Inputs
 from fbands.tables.build import LAYOUTS, Table
 from fbands.tables.cache import TABLES
 from fbands.tables.layout import cell_count
 
-__all__ = ["PATHS", "closed_pass", "exact", "has_closed_pass", "is_ready", "precompile",
-           "table"]
+__all__ = ["closed_pass", "exact", "has_closed_pass", "is_ready", "precompile", "run", "table"]
 
 
 def _layout(dtype) -> str:
@@ -52,7 +54,12 @@ def _blocks(n: int) -> int:
     return -(-n // BLOCK)
 
 
-def closed_pass(div, p, delta, *, logp, invalid, check, log):
+def run(plan: Plan, div, p, delta, request: Request):
+    """Carry out ``plan``: one of the numba paths (:data:`~fbands._paths.PATHS`)."""
+    return _PATHS[plan.path](div, p, delta, request)
+
+
+def closed_pass(div, p, delta, request: Request):
     """The closed-form pass over a float32 or float64 array ``p`` of ratios, for one valid
     scalar ``delta``."""
     d = float(delta)
@@ -65,14 +72,14 @@ def closed_pass(div, p, delta, *, logp, invalid, check, log):
                                         LAYOUTS[layout]["small_edge"], out_lo, out_hi,
                                         block_bad)
         idx = unfinished(out_lo, block_bad) if block_bad.any() else np.arange(0)
-    return _finish(div, p, d, x, idx, out_lo, out_hi, logp=logp, invalid=invalid, check=check,
-                   log=log)
+    return _finish(div, p, d, x, idx, out_lo, out_hi, request)
 
 
-def table(div, p, delta, *, logp, invalid, check, log):
+def table(div, p, delta, request: Request):
     """The table pass over a float32 or float64 array ``p`` (or log p), for one valid
     scalar ``delta``."""
     d = float(delta)
+    logp, log = request.logp, request.log
     x, out_lo, out_hi = _flat(p)
     closed = LP_CLOSED if logp else math.exp(LP_CLOSED)
     layout = _layout(p.dtype)
@@ -86,8 +93,7 @@ def table(div, p, delta, *, logp, invalid, check, log):
 
     ts = TABLES.reading_set(div, d, layout, reached)
     idx = _read(ts.modes[bool(log)], x, logp, log, closed, at_one, out_lo, out_hi)
-    return _finish(div, p, d, x, idx, out_lo, out_hi, logp=logp, invalid=invalid, check=check,
-                   log=log)
+    return _finish(div, p, d, x, idx, out_lo, out_hi, request)
 
 
 def _flat(p):
@@ -112,17 +118,17 @@ def _read(tab: Table, x, logp, log, closed, at_one, out_lo, out_hi) -> np.ndarra
     return idx
 
 
-def _finish(div, p, d, x, idx, out_lo, out_hi, *, logp, invalid, check, log):
+def _finish(div, p, d, x, idx, out_lo, out_hi, request: Request):
     """The elements ``idx`` that a pass left, by the exact path on those alone."""
     if idx.size:
         sub = x[idx]
-        if check and invalid == "raise":
+        if request.raises:
             with np.errstate(invalid="ignore"):
-                bad_p, _ = invalid_masks(sub, d, logp)
+                bad_p, _ = invalid_masks(sub, d, request.logp)
             if bad_p.any():  # report the first invalid element of the whole array
-                check_values(p, d, logp)
-        out_lo[idx], out_hi[idx] = exact(div, sub, d, logp=logp, invalid="nan", check=False,
-                                         log=log)
+                check_values(p, d, request.logp)
+        out_lo[idx], out_hi[idx] = exact(div, sub, d, replace(request, invalid="nan",
+                                                              check=False))
     return out_lo.reshape(p.shape), out_hi.reshape(p.shape)
 
 
@@ -140,14 +146,15 @@ def exact_log_edges(div, x: _solver.Inputs, refine: float, *, from_logp: bool):
         return solve_huge_radius(div, x, lo, hi, from_logp=from_logp)
 
 
-def exact(div, p, delta, *, logp, invalid, check, log):
+def exact(div, p, delta, request: Request):
     """Every element by the scalar form of the solver (refined in extended precision where
     float64 cannot resolve a lower edge, as the numpy backend does)."""
-    x = NumpyInputs(p, delta, logp=logp, invalid=invalid, check=check)
+    x = NumpyInputs(p, delta, request)
     flat = Inputs(*(np.ascontiguousarray(a, dtype=np.float64).reshape(-1)
                     for a in (x.lp, x.lq, x.p, x.q, x.delta)))
-    lo, hi = exact_log_edges(div, flat, LAYOUTS[_layout(x.dtype)]["refine"], from_logp=logp)
-    return x.finish(lo.reshape(x.shape), hi.reshape(x.shape), log=log)
+    lo, hi = exact_log_edges(div, flat, LAYOUTS[_layout(x.dtype)]["refine"],
+                             from_logp=request.logp)
+    return x.finish(lo.reshape(x.shape), hi.reshape(x.shape))
 
 
 #: The radius whose tables :func:`precompile` reads (any would do: the kernels take a
@@ -171,7 +178,8 @@ def precompile(div, dtype: str) -> None:
         paths = (table,) if logp or not has_closed_pass(div) else (table, closed_pass)
         for path in paths:
             for log in (False, True):
-                path(div, x, AHEAD_DELTA, logp=logp, invalid="nan", check=False, log=log)
+                path(div, x, AHEAD_DELTA, Request(logp=logp, log=log, invalid="nan",
+                                                  check=False))
     ts = TABLES.table_set(div, AHEAD_DELTA, _layout(ratios.dtype))
     closed = math.exp(LP_CLOSED)
     table_kernels.touched_cells(ratios, False, ts.kbits, closed,
@@ -184,5 +192,5 @@ def precompile(div, dtype: str) -> None:
     loader.mark_ready(div, dtype)
 
 
-#: Path name (:data:`fbands._dispatch.PATHS`) -> its implementation.
-PATHS = {"closed-pass": closed_pass, "table": table, "exact": exact}
+#: Path name (:data:`fbands._paths.PATHS`) -> its implementation.
+_PATHS = {CLOSED_PASS: closed_pass, TABLE: table, EXACT: exact}

@@ -56,7 +56,7 @@ import sympy
 
 from fbands import _checks, symbolic
 from fbands._generators import BUILTIN_FAMILIES, BUILTIN_GENERATORS
-from fbands._inputs import NumpyInputs
+from fbands._inputs import NumpyInputs, Request
 from fbands._optional import require
 from fbands.divergences import Divergence, get
 from fbands.errors import BandError, DivergenceError, SolverError
@@ -317,9 +317,10 @@ def _edge(cp, build, p: float, delta: float, *, lower: bool) -> float:
     return e if lower else min(e, 1.0 / p)
 
 
-def exact(div, p, delta, *, logp, invalid, check, log):
-    """The band of every element by two conic programs (the cvxpy backend's one path)."""
-    x = NumpyInputs(p, delta, logp=logp, invalid=invalid, check=check)
+def run(plan, div, p, delta, request: Request):
+    """The band of every element by two conic programs (the cvxpy backend's one path,
+    :data:`~fbands._paths.EXACT`)."""
+    x = NumpyInputs(p, delta, request)
     lo, hi = _solve(div, x)
     with np.errstate(divide="ignore"):
-        return x.finish(np.log(lo), np.log(hi), log=log)
+        return x.finish(np.log(lo), np.log(hi))

@@ -7,23 +7,13 @@ soon as every element has converged.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
-from fbands._inputs import NumpyInputs, check_values
-from fbands._refine import refine_near_saturation, solve_huge_radius
-from fbands._solver import NUMPY as xp
-from fbands._solver import Inputs, solve
-
-
-def solve_log_edges(div, x: NumpyInputs):
-    """``(log lower, log upper)`` as float64 arrays for prepared inputs."""
-    inputs = Inputs(x.lp, x.lq, x.p, x.q, x.delta)
-    with np.errstate(all="ignore"):
-        s_lo, s_hi = solve(div, xp, inputs)
-        s_lo = refine_near_saturation(div, inputs, s_lo, from_logp=x.logp)
-        return solve_huge_radius(div, inputs, s_lo, s_hi, from_logp=x.logp)
-
+from fbands._inputs import NumpyInputs, Request, check_values
+from fbands._paths import Plan
+from fbands._refine import exact_log_edges
 
 #: Elements the numpy backend solves at once.  The solver holds a few dozen float64
 #: temporaries of its input's size, so a larger call goes by chunks of this many: its
@@ -31,7 +21,12 @@ def solve_log_edges(div, x: NumpyInputs):
 CHUNK = 1 << 16
 
 
-def exact(div, p, delta, *, logp, invalid, check, log):
+def run(plan: Plan, div, p, delta, request: Request):
+    """Carry out ``plan`` (its one path, :data:`~fbands._paths.EXACT`)."""
+    return exact(div, p, delta, request)
+
+
+def exact(div, p, delta, request: Request):
     """The band of every element by the array solver (the numpy backend's one path), in
     chunks of :data:`CHUNK` elements."""
     pa, da = np.asarray(p), np.asarray(delta)
@@ -40,10 +35,10 @@ def exact(div, p, delta, *, logp, invalid, check, log):
     except ValueError:
         shape = None  # (NumpyInputs reports it)
     if shape is None or math.prod(shape) <= CHUNK or pa.dtype.kind not in "fiu":
-        return _exact(div, p, delta, logp=logp, invalid=invalid, check=check, log=log)
-    if check and invalid == "raise":  # the first invalid element of the whole array
-        check_values(np.broadcast_to(pa, shape), np.broadcast_to(da, shape), logp)
-        check = False
+        return _exact(div, p, delta, request)
+    if request.raises:  # the first invalid element of the whole array
+        check_values(np.broadcast_to(pa, shape), np.broadcast_to(da, shape), request.logp)
+        request = replace(request, check=False)
     flat = [a.reshape(()) if a.size == 1 else np.broadcast_to(a, shape).reshape(-1)
             for a in (pa, da)]
     n = math.prod(shape)
@@ -52,14 +47,13 @@ def exact(div, p, delta, *, logp, invalid, check, log):
         part = slice(start, min(start + CHUNK, n))
         ps, ds = (a if a.ndim == 0 else a[part] for a in flat)
         ps = np.broadcast_to(ps, (part.stop - part.start,))
-        c_lo, c_hi = _exact(div, ps, ds, logp=logp, invalid=invalid, check=check, log=log)
+        c_lo, c_hi = _exact(div, ps, ds, request)
         if lo is None:
             lo, hi = np.empty(n, c_lo.dtype), np.empty(n, c_hi.dtype)
         lo[part], hi[part] = c_lo, c_hi
     return lo.reshape(shape), hi.reshape(shape)
 
 
-def _exact(div, p, delta, *, logp, invalid, check, log):
-    x = NumpyInputs(p, delta, logp=logp, invalid=invalid, check=check)
-    lo, hi = solve_log_edges(div, x)
-    return x.finish(lo, hi, log=log)
+def _exact(div, p, delta, request: Request):
+    x = NumpyInputs(p, delta, request)
+    return x.finish(*exact_log_edges(div, x.inputs, from_logp=request.logp))

@@ -65,6 +65,7 @@ Common to all:
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -76,11 +77,14 @@ except ModuleNotFoundError as exc:
     raise_missing(exc, "the torch backend")
 
 from fbands._inputs import (
+    Request,
     TensorInputs,
     finish_edges,
     invalid_masks,
     raise_invalid,
+    scalar_delta,
 )
+from fbands._paths import DEVICE_GRID, DEVICE_TABLE, HOST, Plan
 from fbands._refine import is_huge
 from fbands._solver import Inputs, solve
 from fbands._state import STATE
@@ -91,7 +95,7 @@ from fbands.tables import torch_reader
 
 __all__ = [
     "MIN_CAPACITY", "NEWTON_STEPS", "ImplicitEdges", "TorchNamespace", "capacity",
-    "device_grid", "device_solver", "device_table", "to_numpy", "with_grad",
+    "device_grid", "device_solver", "device_table", "run", "to_numpy", "with_grad",
 ]
 
 #: Newton steps per edge of the fixed-count solver.  Enough for every built-in divergence
@@ -226,16 +230,28 @@ def with_grad(div, p, delta, solve, log_edges, *, logp: bool, log: bool):
                                (solve, log_edges, logp, log, _namespace, _kernels))
 
 
-def device_solver(div, p, delta, *, logp, invalid, check, log, probe: bool):
+def run(plan: Plan, div, p, delta, request: Request):
+    """Carry out ``plan``: one of the torch paths (:data:`~fbands._paths.PATHS`)."""
+    if plan.path == HOST:
+        x, radius, back = to_numpy(p, delta)
+        return back(*numpy_backend.exact(div, x, radius, request))
+    if plan.path == DEVICE_GRID:
+        return device_grid(div, p, scalar_delta(delta), request, sync=plan.sync)
+    if plan.path == DEVICE_TABLE:
+        return device_table(div, p, scalar_delta(delta), request, sync=plan.sync,
+                            size=plan.capacity)
+    return device_solver(div, p, delta, request, probe=plan.sync)
+
+
+def device_solver(div, p, delta, request: Request, *, probe: bool):
     """The ``device-solver`` path: the fixed-count solver on every element.  ``probe``:
     the call may wait for the device once, to skip the branches no element needs."""
     with torch.no_grad():
-        x = TensorInputs(p, delta, logp=logp, invalid=invalid, check=check, probe=probe)
-        lo, hi = solve_log_edges(div, x.inputs, tiny=x.tiny, at_one=x.at_one)
-        return x.finish(lo, hi, log=log)
+        x = TensorInputs(p, delta, request, probe=probe)
+        return x.finish(*solve_log_edges(div, x.inputs, tiny=x.tiny, at_one=x.at_one))
 
 
-def device_grid(div, p, d: float, *, logp, invalid, check, log, sync: bool):
+def device_grid(div, p, d: float, request: Request, *, sync: bool):
     """The ``device-grid`` path (log-edges of log-probabilities, ``logp`` and ``log``
     true): every element read from the float32 grid of ``(div, d)``
     (:mod:`fbands.tables.grid`) on ``p``'s device, a fixed graph of seventeen kernels with no
@@ -248,19 +264,18 @@ def device_grid(div, p, d: float, *, logp, invalid, check, log, sync: bool):
     whose grid misses its bound (none of the built-in ones) always reads the tables."""
     g = torch_reader.device_grid(div, d, "float32", p.device, wait=not sync)
     if g is None:
-        return device_table(div, p, d, logp=logp, invalid=invalid, check=check, log=log,
-                            sync=sync)
+        return device_table(div, p, d, request, sync=sync)
     with torch.no_grad():
         x = p.to(torch.float32)
-        if check and invalid == "raise":
-            bad, _ = invalid_masks(x, d, logp)
+        if request.raises:
+            bad, _ = invalid_masks(x, d, request.logp)
             if bool(bad.any()):
-                raise_invalid(bad, x, False, d, logp)
+                raise_invalid(bad, x, False, d, request.logp)
         lo, hi = torch_reader.read_grid(g, x)
         return lo.to(p.dtype), hi.to(p.dtype)
 
 
-def device_table(div, p, d: float, *, logp, invalid, check, log, sync: bool, size=None):
+def device_table(div, p, d: float, request: Request, *, sync: bool, size=None):
     """The ``device-table`` path: every element read from the tables, then the exact
     solver on the elements they leave (see the module docstring).
 
@@ -271,6 +286,7 @@ def device_table(div, p, d: float, *, logp, invalid, check, log, sync: bool, siz
     then synchronises once to validate, and nothing else.
     """
     layout = "float64" if p.dtype == torch.float64 else "float32"
+    logp, log = request.logp, request.log
     with torch.no_grad():
         x = p.detach().reshape(-1).to(torch.float64)
         # Eagerly, the kernels of the sync-free fix-up are bound too, so that a traced call
@@ -283,14 +299,13 @@ def device_table(div, p, d: float, *, logp, invalid, check, log, sync: bool, siz
         zero = x == -math.inf if logp else torch.zeros_like(bad)  # the p -> 0 limit [0, inf)
         more = more & ~(bad | zero)
         left = None
-        if sync or check:  # the one synchronisation
+        if sync or request.check:  # the one synchronisation
             n_bad, n_more = torch.stack((bad.sum(), more.sum())).tolist()
-            if check and n_bad and invalid == "raise":  # indices of p's own shape
+            if n_bad and request.raises:  # indices of p's own shape
                 raise_invalid(bad.reshape(p.shape), x.reshape(p.shape), False, d, logp)
         if sync:
             if n_more:
-                lo, hi = _fix_up_on_host(div, x, lo, hi, more, d, logp=logp, log=log,
-                                         dtype=p.dtype)
+                lo, hi = _fix_up_on_host(div, x, lo, hi, more, d, request, dtype=p.dtype)
         else:
             size = capacity(x.numel()) if size is None else min(int(size), x.numel())
             if size < x.numel():
@@ -314,7 +329,7 @@ def _fix_up(div, x, d: float, lo, hi, more, size: int, *, logp, log):
     real = idx >= 0
     any_real = real[:1]  # the list is sorted: one real index iff the first is
     safe = torch.where(real, idx, idx[:1].clamp(min=0))
-    sub = TensorInputs(x[safe], d, logp=logp, invalid="nan", check=False)
+    sub = TensorInputs(x[safe], d, Request(logp=logp, invalid="nan", check=False))
     # p == 1 never needs the solver here (the table holds its limit)
     s_lo, s_hi = solve_log_edges(div, sub.inputs, at_one=False)
     s_lo, s_hi = finish_edges(torch, sub.inputs, s_lo, s_hi, None, log=log)
@@ -323,7 +338,7 @@ def _fix_up(div, x, d: float, lo, hi, more, size: int, *, logp, log):
     return lo, hi
 
 
-def _fix_up_on_host(div, x, lo, hi, more, d: float, *, logp, log, dtype):
+def _fix_up_on_host(div, x, lo, hi, more, d: float, request: Request, *, dtype):
     """``lo, hi`` with every element marked ``more`` solved on the host by the numpy
     backend's exact solver (after the call's synchronisation: a copy of those few elements
     each way, where the device's fixed-count solver costs thousands of kernel launches)."""
@@ -332,8 +347,8 @@ def _fix_up_on_host(div, x, lo, hi, more, d: float, *, logp, log, dtype):
     # float32 p as a float32 array: the numpy backend's answer for that array (its dtype
     # decides the output's rounding); other dtypes in float64, rounded once afterwards
     work = sub.astype(np.float32) if dtype == torch.float32 else sub
-    s_lo, s_hi = numpy_backend.exact(div, work, d, logp=logp, invalid="nan", check=False,
-                                     log=log)
+    s_lo, s_hi = numpy_backend.exact(div, work, d, replace(request, invalid="nan",
+                                                           check=False))
     lo = lo.index_put((idx,), torch.from_numpy(s_lo).to(lo.device, lo.dtype))
     hi = hi.index_put((idx,), torch.from_numpy(s_hi).to(hi.device, hi.dtype))
     return lo, hi

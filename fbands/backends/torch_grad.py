@@ -16,7 +16,7 @@ import torch
 
 from fbands import symbolic
 from fbands._band_function import LP_TINY, BandFunction, Inputs, TinyUpper, log1mexp
-from fbands._inputs import TensorInputs, work_dtype
+from fbands._inputs import Request, TensorInputs, work_dtype
 from fbands._state import STATE
 from fbands.divergences import functions
 
@@ -61,7 +61,7 @@ class ImplicitEdges(torch.autograd.Function):
         with torch.no_grad():
             x, d = torch.broadcast_tensors(p.detach().to(work), delta.detach().to(work))
             s_lo, s_hi = log_edges(x, d)
-            inputs = TensorInputs(x, d, logp=logp, invalid="nan", check=False).inputs
+            inputs = TensorInputs(x, d, Request(logp=logp, invalid="nan", check=False)).inputs
             fun = BandFunction(div, namespace(work), inputs, kernels=kernels(div, work))
             grad_x = torch.zeros_like(x)
             grad_d = torch.zeros_like(d)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -202,7 +201,8 @@ def precompute_band(
 
 
 def _on_host(x: Tensor) -> bool:
-    """Whether ``x`` lies in host memory, where numpy can index it without a copy."""
+    """Whether ``x`` lies in host memory, where picking the mask's tokens waits for no
+    device."""
     return x.device.type == "cpu"
 
 
@@ -219,15 +219,13 @@ def _divergence_band(x: Tensor, valid: Tensor | None, cfg: LossConfig) -> tuple[
     # x is valid now (checked, or bad tokens replaced): no second check, no sync.
     if valid is None or not _on_host(x):
         return intersected_log_bounds(x, cfg.delta, cfg.divs)
-    flat = x.reshape(-1).numpy()  # (numpy's indexing is several times faster than torch's)
-    idx = np.flatnonzero(valid.reshape(-1).numpy())
-    kept = np.concatenate((flat[idx], np.array([FILL_LOGP], flat.dtype)))  # (tokens + 1,)
-    lo, hi = (e.numpy() for e in intersected_log_bounds(torch.from_numpy(kept), cfg.delta,
-                                                        cfg.divs))
-    out_lo, out_hi = np.full_like(flat, lo[-1]), np.full_like(flat, hi[-1])
-    out_lo[idx], out_hi[idx] = lo[:-1], hi[:-1]
-    log_lo, log_hi = torch.from_numpy(out_lo).view(x.shape), torch.from_numpy(out_hi).view(x.shape)
-    return log_lo, log_hi
+    flat = x.reshape(-1)
+    idx = valid.reshape(-1).nonzero().reshape(-1)  # (on the host: no device to wait for)
+    kept = torch.cat((flat[idx], flat.new_full((1,), FILL_LOGP)))  # (tokens + 1,)
+    lo, hi = intersected_log_bounds(kept, cfg.delta, cfg.divs)
+    log_lo, log_hi = lo[-1:].expand_as(flat).clone(), hi[-1:].expand_as(flat).clone()
+    log_lo[idx], log_hi[idx] = lo[:-1], hi[:-1]
+    return log_lo.view(x.shape), log_hi.view(x.shape)
 
 
 def intersected_log_bounds(x: Tensor, delta, divs: tuple[str, ...]) -> tuple[Tensor, Tensor]:

@@ -42,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from fbands._inputs import NumpyInputs, Request
+from fbands._refine import exact_log_edges
 from fbands.errors import BandError
 
 __all__ = ["DEG", "GRIDS", "Grid", "build_grid", "read_grid"]
@@ -123,12 +125,10 @@ def _pair(a, xp):
 
 
 def _exact(div, delta, x):
-    """The exact log-edges of float64 ``x`` (log p)."""
-    from fbands.backends.numpy_backend import exact
-
-    lo, hi = exact(div, np.asarray(x, np.float64), delta, logp=True, invalid="nan",
-                   check=False, log=True)
-    return lo, hi
+    """The exact log-edges of float64 ``x`` (log p): the numpy backend's answer."""
+    inputs = NumpyInputs(np.asarray(x, np.float64), delta,
+                         Request(logp=True, log=True, invalid="nan", check=False))
+    return inputs.finish(*exact_log_edges(div, inputs.inputs, from_logp=True))
 
 
 def _ordinal(x, ft) -> int:
