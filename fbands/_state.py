@@ -25,23 +25,21 @@ from typing import Any, Protocol
 __all__ = ["STATE", "Memo", "ProcessState"]
 
 
-class Memo:
-    """One named cache: a mapping from keys to values, at most ``max_entries`` of them
-    (None: no bound), the oldest dropped first.
+class Memo(dict):
+    """One named cache: a dict from keys to values, at most ``max_entries`` of them (None:
+    no bound), the oldest dropped first.
 
-    :meth:`get` is a plain dict read, which ``torch.compile`` traces without a break once
-    the entry exists; :meth:`put` and :meth:`get_or_make` hold a lock while they write.
+    Reads are the dict's own (:meth:`dict.get`, ``in``): a read runs no Python code, and
+    ``torch.compile`` traces it without a break once the entry exists.  Writes go through
+    :meth:`put` and :meth:`get_or_make`, which keep the bound and hold a lock.
     """
 
-    __slots__ = ("_data", "_lock", "doc", "max_entries", "name")
+    __slots__ = ("_lock", "doc", "max_entries", "name")
 
     def __init__(self, name: str, doc: str, max_entries: int | None = None):
+        super().__init__()
         self.name, self.doc, self.max_entries = name, doc, max_entries
-        self._data: dict = {}
         self._lock = threading.Lock()
-
-    def get(self, key: Hashable, default: Any = None) -> Any:
-        return self._data.get(key, default)
 
     def put(self, key: Hashable, value: Any) -> Any:
         """Keep ``value`` under ``key`` and return it."""
@@ -53,35 +51,26 @@ class Memo:
         """The value under ``key``, made by ``make()`` and kept when there is none.  Two
         threads may both make it (``make`` runs outside the lock: it may take seconds); the
         values are equal, and the first one kept is the one both return."""
-        found = self._data.get(key, _MISSING)
+        found = self.get(key, _MISSING)
         if found is not _MISSING:
             return found
         value = make()
         with self._lock:
-            found = self._data.get(key, _MISSING)
+            found = self.get(key, _MISSING)
             if found is _MISSING:
                 found = self._insert(key, value)
         return found
 
     def _insert(self, key: Hashable, value: Any) -> Any:
-        self._data.pop(key, None)
-        while self.max_entries is not None and len(self._data) >= self.max_entries:
-            del self._data[next(iter(self._data))]
-        self._data[key] = value
+        self.pop(key, None)
+        while self.max_entries is not None and len(self) >= self.max_entries:
+            del self[next(iter(self))]
+        self[key] = value
         return value
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._data
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def values(self) -> list:
-        return list(self._data.values())
 
     def clear(self) -> None:
         with self._lock:
-            self._data.clear()
+            super().clear()
 
     def __repr__(self) -> str:
         bound = "" if self.max_entries is None else f"/{self.max_entries}"
