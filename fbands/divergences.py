@@ -9,18 +9,8 @@ with a name.  Everything the band solvers use is derived from ``f`` on first use
     >>> d.name, d.f0, d.fprime_inf
     ('triangular', 1.0, 1.0)
 
-The built-in generators follow THEORY's conventions (no hidden factors of 1/2):
-
-============  ==========================================================================
-kl            ``u - 1 - log u``: KL(pi_old || pi), the constraint of TRPO and BandKL
-reverse_kl    ``u log u - u + 1``: KL(pi || pi_old)
-tv            ``|u - 1| / 2``: total variation
-chi2          ``(u - 1)**2``: Pearson chi-square, without the factor 1/2
-neyman_chi2   ``(u - 1)**2 / u``: Neyman chi-square
-hellinger     ``(sqrt(u) - 1)**2``: squared Hellinger distance, without the factor 1/2
-js            ``(u log u - (1 + u) log((1 + u) / 2)) / 2``: Jensen-Shannon (natural log)
-alpha         ``(u**a - 1 - a (u - 1)) / (a (a - 1))``: Amari's alpha family, parameter ``a``
-============  ==========================================================================
+The built-in generators (:data:`fbands._generators.BUILTIN_GENERATORS`, and the docs'
+catalogue) follow THEORY's conventions: no hidden factors of 1/2, ``kl`` is KL(pi_old || pi).
 """
 
 from __future__ import annotations
@@ -480,6 +470,19 @@ def _unknown(name: str) -> DivergenceError:
 
 #: The built-in divergences' names (families apart).
 BUILTINS: list[str] = list(BUILTIN_GENERATORS)
+
+
+def registry_snapshot() -> tuple[dict, ...]:
+    """Copies of the registry's tables (names, families, members, aliases), for tests."""
+    return tuple(dict(t) for t in (_REGISTRY, _FAMILIES, _REGISTRY_MEMBERS, _ALIASES))
+
+
+def restore_registry(snapshot: tuple[dict, ...]) -> None:
+    """Put the registry back as :func:`registry_snapshot` saw it."""
+    for live, old in zip((_REGISTRY, _FAMILIES, _REGISTRY_MEMBERS, _ALIASES), snapshot,
+                         strict=True):
+        live.clear()
+        live.update(old)
 
 
 def _builtins() -> None:

@@ -21,21 +21,9 @@ from fbands import divergences  # noqa: E402
 @pytest.fixture(autouse=True)
 def _restore_registry():
     """Divergences a test registers are gone after it, so tests see the same registry."""
-    saved = (
-        dict(divergences._REGISTRY),
-        dict(divergences._FAMILIES),
-        dict(divergences._REGISTRY_MEMBERS),
-        dict(divergences._ALIASES),
-    )
+    saved = divergences.registry_snapshot()
     yield
-    for live, old in zip(
-        (divergences._REGISTRY, divergences._FAMILIES, divergences._REGISTRY_MEMBERS,
-         divergences._ALIASES),
-        saved,
-        strict=True,
-    ):
-        live.clear()
-        live.update(old)
+    divergences.restore_registry(saved)
 
 
 @pytest.fixture
