@@ -94,7 +94,7 @@ class BandFunction:
         return self.xp.log1p(-self.xp.exp(sc + self.x.lq)) - self.x.lp
 
     def tail_guess(self):
-        s = _lower_tail(self.div, self.xp, self.x)
+        s = lower_tail(self.div, self.xp, self.x)
         return None if s is None else self.xp.minimum(s, -1.0)
 
     def _F_c(self, sc):
@@ -222,7 +222,7 @@ class AtOne(BandFunction):
         return self.value_and_slope(s)[0]
 
 
-def _lower_tail(div: Divergence, xp, x: Inputs):
+def lower_tail(div: Divergence, xp, x: Inputs):
     """``log r`` solving ``p f(r) = delta`` from ``f ~ A r^k (log r)^m`` at 0, or None."""
     if div.derivation.tail0 is None:
         return None

@@ -37,7 +37,7 @@ from fbands._refine import HUGE_DELTA
 from fbands.divergences import Divergence, get
 from fbands.errors import BandError
 
-__all__ = ["BACKENDS", "PATHS", "Plan", "compute", "plan"]
+__all__ = ["BACKENDS", "PATHS", "Plan", "backend_module", "compute", "plan"]
 
 #: Backend name -> module holding its paths.
 BACKENDS = {
@@ -118,7 +118,7 @@ def plan(div: Divergence, p: Any, delta: Any, *, backend: str = "auto", logp: bo
         return Plan("numba", _numba_path(div, p, delta, logp=logp, log=log))
     if backend != "torch":
         return Plan(backend, EXACT)
-    _module("torch")  # (without torch: an error that names the extra to install)
+    backend_module("torch")  # (without torch: an error that names the extra to install)
     reasons = {DEVICE_GRID: _why_not_device_grid(p, delta, logp=logp, log=log),
                DEVICE_TABLE: _why_not_device_table(p, delta), HOST: _why_not_host(p, delta),
                DEVICE_SOLVER: None}
@@ -144,7 +144,7 @@ def _numba_path(div, p, delta, *, logp: bool, log: bool) -> str:
     if (d is None or not is_positive(d) or not isinstance(p, np.ndarray)
             or p.dtype not in (np.float32, np.float64) or p.size == 0):
         return EXACT
-    if not (logp or log) and d < HUGE_DELTA and _module("numba").has_closed_pass(div):
+    if not (logp or log) and d < HUGE_DELTA and backend_module("numba").has_closed_pass(div):
         return CLOSED_PASS
     return TABLE if d >= TABLE_DELTA_MIN else EXACT
 
@@ -163,26 +163,28 @@ def compute(method: str, div: str | Divergence, p: Any, delta: Any, backend: str
     for name, value in (("p", p), ("delta", delta)):
         check_kind(name, value, check)
     request = Request(logp=logp, log=method == "log_edges", invalid=invalid, check=check)
-    d = get(div)
-    chosen = plan(d, p, delta, backend=backend, logp=logp, log=request.log, path=path,
+    divergence = get(div)
+    chosen = plan(divergence, p, delta, backend=backend, logp=logp, log=request.log, path=path,
                   sync_free=sync_free)
     if capacity is not None:
         chosen = replace(chosen, capacity=capacity)
-    backend_module = _module(chosen.backend)
-    if chosen.backend == "torch" and backend_module.wants_grad(p, delta):
+    runner = backend_module(chosen.backend)
+    if chosen.backend == "torch" and runner.wants_grad(p, delta):
         def solve(x, radius):  # the call itself, on detached inputs
-            return backend_module.run(chosen, d, x, radius, request)
+            return runner.run(chosen, divergence, x, radius, request)
 
         def log_edges(x, radius):  # what the backward pass differentiates
-            return compute("log_edges", d, x, radius, "torch", logp=logp, invalid="nan",
-                           check=False)
+            return compute("log_edges", divergence, x, radius, "torch", logp=logp,
+                           invalid="nan", check=False)
 
-        return backend_module.with_grad(d, p, delta, solve, log_edges, logp=logp,
-                                        log=request.log)
-    return backend_module.run(chosen, d, p, delta, request)
+        return runner.with_grad(divergence, p, delta, solve, log_edges, logp=logp,
+                                log=request.log)
+    return runner.run(chosen, divergence, p, delta, request)
 
 
-def _module(name: str):
+def backend_module(name: str):
+    """The module of backend ``name`` (:data:`BACKENDS`), imported on first use; an error
+    that says which extra to install where its library is missing."""
     found = sys.modules.get(BACKENDS[name])
     if found is not None:
         return found
@@ -208,7 +210,7 @@ def _numba_ready(div: Divergence, p) -> bool:
     if _size(p) < NUMBA_FROM or not _numba_usable():
         return False
     dtype = "float32" if getattr(p, "dtype", None) == np.float32 else "float64"
-    return _module("numba").is_ready(div, dtype)
+    return backend_module("numba").is_ready(div, dtype)
 
 
 def _numba_usable() -> bool:

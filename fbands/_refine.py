@@ -211,7 +211,7 @@ def _secant_root(mp, h, guess: float, digits: int):
 #: range, not its digits): there the terms of g (``F(s)`` up to ``delta / p``, ``1 / q``
 #: for a log p near 0) and the tiny-p equation's ``T(w)`` overflow float64 on the way to the
 #: root, and Newton stops at the overflow instead of the edge.  Below it every term at and
-#: around the root is a float64 (issue 42, P7; ``tests/test_extreme_radii.py``).
+#: around the root is a float64 (issue 42, P7; ``tests/core/test_extreme_radii.py``).
 HUGE_DELTA = 1e60
 #: ... and where ``log(delta / q)`` passes this (``delta / q`` about 2e282, with room for a
 #: generator's constant: alpha(10) at ``q = 1e-300`` overflowed from ``delta = 1e8``).

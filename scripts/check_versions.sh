@@ -57,10 +57,10 @@ check() {
     "$status" "$((SECONDS - start))")")
 }
 
-check trl "$TRL_OLDEST" tests/test_trl.py
-check trl "$TRL_NEWEST" tests/test_trl.py
-check verl "$VERL_OLDEST" tests/test_verl.py tests/test_verl_bandpo.py tests/test_verl_trainer.py
-check verl "$VERL_NEWEST" tests/test_verl.py tests/test_verl_bandpo.py tests/test_verl_trainer.py
+check trl "$TRL_OLDEST" tests/integrations/test_trl.py
+check trl "$TRL_NEWEST" tests/integrations/test_trl.py
+check verl "$VERL_OLDEST" tests/integrations/test_verl.py tests/integrations/test_verl_bandpo.py tests/integrations/test_verl_trainer.py
+check verl "$VERL_NEWEST" tests/integrations/test_verl.py tests/integrations/test_verl_bandpo.py tests/integrations/test_verl_trainer.py
 
 echo
 printf '%-6s %-9s %-14s %-8s %s\n' package version transformers result time

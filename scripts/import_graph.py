@@ -18,7 +18,7 @@ with ``--edges``, every edge) and exits with status 1 when there is one::
 
     python scripts/import_graph.py [--edges] [--root PATH]
 
-``tests/test_architecture.py`` and the docs' picture of the modules
+``tests/project/test_architecture.py`` and the docs' picture of the modules
 (``docs/_ext/fbands_graph.py``) use the same functions.
 """
 

@@ -5,7 +5,7 @@ derivation (seconds): :func:`fbands._derived.derive` reads these files when the 
 cache misses.  Each file is what the user's cache would hold (fbands/_derived.py: verified
 JSON, no pickle), named by its key; the key hashes the code of fbands/symbolic.py and
 fbands/_stable.py (not their comments or docstrings) and sympy's version, so after a change
-to any of them, run this again (``tests/test_shipped.py`` fails until then)::
+to any of them, run this again (``tests/core/test_shipped.py`` fails until then)::
 
     python scripts/ship_derivations.py          # rewrite fbands/_shipped/derived/
     python scripts/ship_derivations.py --check  # exit 1 when the files are not current

@@ -1,5 +1,5 @@
-"""Run under ``torchrun --nproc_per_node N`` by ``tests/test_trl_processes.py``: the TRL
-plug-in across N processes (torch.distributed over gloo, on CPU).
+"""Run under ``torchrun --nproc_per_node N`` by ``tests/integrations/test_trl_processes.py``:
+the TRL plug-in across N processes (torch.distributed over gloo, on CPU).
 
 1. The loss on one fixed batch of 4 sequences, each process holding its share: the mean of
    the processes' losses, the mean of their gradients (what DDP applies) and the metrics, for
@@ -22,7 +22,14 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 
 from fbands.integrations.trl import BandGRPOConfig, BandGRPOTrainer
-from tests.test_trl import dataset, fake_batch, letter_reward, make_args, tiny_model, tiny_tokenizer
+from tests.integrations.test_trl import (
+    dataset,
+    fake_batch,
+    letter_reward,
+    make_args,
+    tiny_model,
+    tiny_tokenizer,
+)
 
 SEQUENCES = 4
 KEYS = ("entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",

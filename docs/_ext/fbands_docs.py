@@ -14,7 +14,7 @@ At ``builder-inited`` (before any page is read) it writes, under ``docs/_generat
 The catalogue takes a few seconds (sympy derivations and one band evaluation per curve), so it
 is cached: it is rebuilt only when the sources of ``fbands`` or of this file change.
 
-The functions are importable without Sphinx, so that ``tests/test_docs.py`` can check them.
+The functions are importable without Sphinx, so that ``tests/project/test_docs.py`` can check them.
 """
 
 from __future__ import annotations

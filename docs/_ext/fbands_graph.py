@@ -1,7 +1,7 @@
 """Sphinx extension that draws the modules of fbands and their imports, at build time.
 
 At ``builder-inited`` it reads the import graph from the sources (``scripts/import_graph.py``,
-the same functions that ``tests/test_architecture.py`` checks) and writes, under
+the same functions that ``tests/project/test_architecture.py`` checks) and writes, under
 ``docs/_generated/``:
 
 * ``module_graph.svg``: one box per module, in columns by depth in the import graph (the

@@ -3,7 +3,7 @@ element at a time, for numba.
 
 Each function mirrors the array function named in its docstring, step for step: both forms
 take the same branches and iterate the same number of times on the same element
-(``tests/test_solver_forms.py`` checks it through :func:`trace_arrays`).  The divergence
+(``tests/jit/test_solver_forms.py`` checks it through :func:`trace_arrays`).  The divergence
 enters through its leaves (:mod:`fbands._jit.codegen`): ``F_near``, ``F_far``, ``dF``, the
 closed-form coefficients ``upper_a2 ... lower_a0`` and the constants imported below, which
 numba reads as compile-time constants.  The relative import of ``.leaves`` resolves in the

@@ -382,8 +382,8 @@ class BandGRPOTrainer(BandLoss, GRPOTrainer):
     What of TRL it relies on: the loss goes through ``compute_loss``, the method TRL
     documents for changing the objective; the config through :class:`BandGRPOConfig`, a
     subclass of TRL's.  Three private methods are overridden, because no public hook does
-    their job, and a test (``tests/test_trl.py``, *the TRL surface*) fails when TRL changes
-    any of them:
+    their job, and a test (``tests/integrations/test_trl.py``, *the TRL surface*) fails when
+    TRL changes any of them:
 
     * ``_generate_and_score_completions``: the band is computed once per generation batch,
       from the old log-probabilities that TRL computes there, and travels with the batch

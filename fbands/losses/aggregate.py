@@ -1,7 +1,7 @@
 """Aggregation of per-token values over a response mask: verl's five modes.
 
-:func:`agg_loss` is the public entry (with its checks); :func:`_aggregate` holds the
-formulas, shared with :func:`fbands.losses.policy_loss`, which has checked its inputs.
+:func:`agg_loss` is the public entry (with its checks); :func:`aggregate_unchecked` holds
+the formulas, shared with :func:`fbands.losses.policy_loss`, which has checked its inputs.
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from torch import Tensor
 
 from fbands.errors import LossError
 from fbands.losses.checks import (
-    _any_bad,
-    _as_tensor,
-    _check_devices,
-    _denominator_checks,
-    _mask_checks,
-    _poison,
-    _resolve_check,
-    _validate,
+    any_bad,
+    as_tensor,
+    check_devices,
+    denominator_checks,
+    mask_checks,
+    poison,
+    resolve_check,
+    validate,
 )
 from fbands.losses.config import AGG_MODES
 
@@ -98,19 +98,19 @@ def agg_loss(
     [2.5, 10.0, 3.0, 5.0, 1.6667]
     """
     values, mask = _agg_inputs(values, mask, mode)
-    checks = _mask_checks(mask) + _denominator_checks(num_tokens, num_seqs, loss_scale_factor)
-    if _resolve_check(check, values, mask):
-        _validate(checks)
+    checks = mask_checks(mask) + denominator_checks(num_tokens, num_seqs, loss_scale_factor)
+    if resolve_check(check, values, mask):
+        validate(checks)
         checks = []
-    out = _aggregate(values, mask, mode, num_tokens, num_seqs, loss_scale_factor)
-    return _poison(out, _any_bad(checks))
+    out = aggregate_unchecked(values, mask, mode, num_tokens, num_seqs, loss_scale_factor)
+    return poison(out, any_bad(checks))
 
 
 def _agg_inputs(values, mask, mode: str) -> tuple[Tensor, Tensor]:
     """Type and shape checks of :func:`agg_loss`'s tensors; integer values become float32."""
-    values = _as_tensor("values", values)
-    mask = _as_tensor("mask", mask)
-    _check_devices(("values", values), ("mask", mask))
+    values = as_tensor("values", values)
+    mask = as_tensor("mask", mask)
+    check_devices(("values", values), ("mask", mask))
     if mode not in AGG_MODES:
         raise LossError(f"unknown agg mode {mode!r}; expected one of {', '.join(AGG_MODES)}")
     if values.shape != mask.shape:
@@ -124,7 +124,7 @@ def _agg_inputs(values, mask, mode: str) -> tuple[Tensor, Tensor]:
     return values, mask
 
 
-def _aggregate(values, mask, mode, num_tokens, num_seqs, loss_scale_factor) -> Tensor:
+def aggregate_unchecked(values, mask, mode, num_tokens, num_seqs, loss_scale_factor) -> Tensor:
     """The formulas of :func:`agg_loss`, on checked inputs."""
     weight = mask.to(values.dtype)
     # where(), not a product, so that inf/nan at masked positions cannot leak in.

@@ -19,12 +19,12 @@ from fbands._inputs import FILL_LOGP, work_dtype
 from fbands.bands import log_bounds
 from fbands.errors import LossError
 from fbands.losses.checks import (
-    _as_tensor,
-    _check_devices,
-    _compute_dtype,
-    _logp_checks,
-    _resolve_check,
-    _validate,
+    as_tensor,
+    check_devices,
+    compute_dtype,
+    logp_checks,
+    resolve_check,
+    validate,
 )
 from fbands.losses.config import LossConfig
 
@@ -156,25 +156,25 @@ def precompute_band(
     cfg = LossConfig() if cfg is None else cfg
     if not isinstance(cfg, LossConfig):
         raise LossError(f"cfg must be a LossConfig, got {type(cfg).__name__}")
-    logp_old = _as_tensor("logp_old", logp_old)
-    check = _resolve_check(check, logp_old)
-    out_dtype = _compute_dtype(logp_old)
+    logp_old = as_tensor("logp_old", logp_old)
+    check = resolve_check(check, logp_old)
+    out_dtype = compute_dtype(logp_old)
     with torch.no_grad():
         x = logp_old.detach().to(out_dtype)
         valid = None
         if mask is not None:
-            mask = _as_tensor("mask", mask)
-            _check_devices(("logp_old", logp_old), ("mask", mask))
+            mask = as_tensor("mask", mask)
+            check_devices(("logp_old", logp_old), ("mask", mask))
             if mask.shape != x.shape:
                 raise LossError(
                     f"mask has shape {tuple(mask.shape)}, expected logp_old's {tuple(x.shape)}"
                 )
             valid = mask != 0
             x = torch.where(valid, x, torch.full_like(x, FILL_LOGP))
-        checks = _logp_checks("logp_old", x, valid, nan=True)
+        checks = logp_checks("logp_old", x, valid, nan=True)
         bad = None
         if check:
-            _validate(checks)
+            validate(checks)
         else:  # bad tokens get nan edges; the solver sees a harmless stand-in
             bad = checks[0][0] | checks[1][0]
             x = torch.where(bad, torch.full_like(x, FILL_LOGP), x)

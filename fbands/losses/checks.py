@@ -1,9 +1,9 @@
 """The checks every loss function makes of its inputs: types, shapes, dtypes and values.
 
 Types and shapes are checked at once (free).  Value checks are built as ``(bad, values,
-rule)`` triples: :func:`_validate` reduces them together (one host synchronisation) and
+rule)`` triples: :func:`validate` reduces them together (one host synchronisation) and
 raises naming the first bad element, while unchecked calls on an accelerator keep them on
-the device and :func:`_poison` the result instead, so that an invalid input gives nan,
+the device and :func:`poison` the result instead, so that an invalid input gives nan,
 never a plausible value.
 """
 
@@ -23,14 +23,14 @@ from fbands.errors import LossError
 LOGP_TOLERANCE = 1e-3
 
 
-def _compute_dtype(*tensors: Tensor) -> torch.dtype:
+def compute_dtype(*tensors: Tensor) -> torch.dtype:
     """float32, or float64 when an input is float64: half precision is never computed in."""
     if any(t.dtype == torch.float64 for t in tensors):
         return torch.float64
     return torch.float32
 
 
-def _as_tensor(name: str, x) -> Tensor:
+def as_tensor(name: str, x) -> Tensor:
     if not isinstance(x, Tensor):
         raise LossError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.layout != torch.strided:
@@ -40,7 +40,7 @@ def _as_tensor(name: str, x) -> Tensor:
     return x
 
 
-def _resolve_check(check, *tensors: Tensor) -> bool:
+def resolve_check(check, *tensors: Tensor) -> bool:
     """``check`` as a bool: ``None`` means "when every tensor is on the CPU" (free there)."""
     if check is None:
         return all(t.device.type == "cpu" for t in tensors)
@@ -56,7 +56,7 @@ def _resolve_check(check, *tensors: Tensor) -> bool:
 _Check = tuple[Tensor, Tensor, str]
 
 
-def _validate(checks: list[_Check]) -> None:
+def validate(checks: list[_Check]) -> None:
     """Raise :class:`LossError` naming the first bad element of the first failing check.
 
     All checks are reduced together, so that inputs that pass cost one host
@@ -76,14 +76,14 @@ def _validate(checks: list[_Check]) -> None:
         raise _checks.first_bad(LossError, rule, value, index, int(bad.sum()))
 
 
-def _any_bad(checks: list[_Check]) -> Tensor | None:
+def any_bad(checks: list[_Check]) -> Tensor | None:
     """0-dim bool tensor: does any check fail?  No host synchronisation."""
     if not checks:
         return None
     return torch.stack([bad.any() for bad, _, _ in checks]).any()
 
 
-def _logp_checks(name: str, x: Tensor, valid: Tensor | None, *, nan: bool,
+def logp_checks(name: str, x: Tensor, valid: Tensor | None, *, nan: bool,
                  sampled: bool = False) -> list[_Check]:
     """Elements (where ``valid``) above :data:`LOGP_TOLERANCE`, NaN ones when ``nan``, and
     ``-inf`` ones when ``sampled`` (the policy that sampled a token gave it probability > 0:
@@ -101,7 +101,7 @@ def _logp_checks(name: str, x: Tensor, valid: Tensor | None, *, nan: bool,
     return [(bad if valid is None else bad & valid, x, rule) for bad, rule in found]
 
 
-def _band_checks(log_lo: Tensor, log_hi: Tensor, valid: Tensor) -> list[_Check]:
+def band_checks(log_lo: Tensor, log_hi: Tensor, valid: Tensor) -> list[_Check]:
     """Band edges (where ``valid``) must not be nan, nor crossed."""
     return [
         (valid & torch.isnan(log_lo), log_lo, "band.log_lower must not be nan"),
@@ -110,7 +110,7 @@ def _band_checks(log_lo: Tensor, log_hi: Tensor, valid: Tensor) -> list[_Check]:
     ]
 
 
-def _mask_checks(mask: Tensor) -> list[_Check]:
+def mask_checks(mask: Tensor) -> list[_Check]:
     """A mask is bool, or numbers that are finite and >= 0 (0/1 or weights)."""
     if mask.dtype == torch.bool:
         return []
@@ -120,7 +120,7 @@ def _mask_checks(mask: Tensor) -> list[_Check]:
     return [(bad, mask, "mask must be 0/1, bool or finite non-negative weights")]
 
 
-def _check_devices(first: tuple[str, Tensor], *others: tuple[str, Tensor | None]) -> None:
+def check_devices(first: tuple[str, Tensor], *others: tuple[str, Tensor | None]) -> None:
     """Every tensor of ``others`` must be on the device of ``first`` (torch's own error for
     a mix names no argument)."""
     name0, t0 = first
@@ -130,12 +130,12 @@ def _check_devices(first: tuple[str, Tensor], *others: tuple[str, Tensor | None]
                             "every tensor input of the loss on one device")
 
 
-def _check_inputs(logp_old, logp, advantages, mask):
-    logp_old = _as_tensor("logp_old", logp_old)
-    logp = _as_tensor("logp", logp)
-    advantages = _as_tensor("advantages", advantages)
-    mask = _as_tensor("mask", mask)
-    _check_devices(("logp_old", logp_old), ("logp", logp), ("advantages", advantages),
+def check_inputs(logp_old, logp, advantages, mask):
+    logp_old = as_tensor("logp_old", logp_old)
+    logp = as_tensor("logp", logp)
+    advantages = as_tensor("advantages", advantages)
+    mask = as_tensor("mask", mask)
+    check_devices(("logp_old", logp_old), ("logp", logp), ("advantages", advantages),
                    ("mask", mask))
     if logp_old.dim() < 1:
         raise LossError("logp_old must have at least one dimension (tokens)")
@@ -149,11 +149,11 @@ def _check_inputs(logp_old, logp, advantages, mask):
     given = tuple(advantages.shape)
     if advantages.dim() == logp_old.dim() - 1:
         advantages = advantages.unsqueeze(-1)  # one advantage per sequence
-    _check_broadcast("advantages", given, advantages.shape, logp_old.shape)
+    check_broadcast("advantages", given, advantages.shape, logp_old.shape)
     return logp_old, logp, advantages, mask
 
 
-def _check_broadcast(name: str, given: tuple, shape, target) -> None:
+def check_broadcast(name: str, given: tuple, shape, target) -> None:
     """Raise unless ``shape`` broadcasts to exactly ``target`` (``given``: as passed in)."""
     try:
         result = torch.broadcast_shapes(shape, target)
@@ -163,10 +163,10 @@ def _check_broadcast(name: str, given: tuple, shape, target) -> None:
         raise LossError(f"{name} of shape {given} do not broadcast against {tuple(target)}")
 
 
-def _denominator_checks(num_tokens, num_seqs, loss_scale_factor) -> list[_Check]:
+def denominator_checks(num_tokens, num_seqs, loss_scale_factor) -> list[_Check]:
     """Each given denominator must be a finite number > 0.
 
-    Python numbers are checked here (free); tensors give a check for :func:`_validate`.
+    Python numbers are checked here (free); tensors give a check for :func:`validate`.
     """
     checks = []
     for name, value in (("num_tokens", num_tokens), ("num_seqs", num_seqs),
@@ -175,7 +175,7 @@ def _denominator_checks(num_tokens, num_seqs, loss_scale_factor) -> list[_Check]
             continue
         rule = f"{name} must be a finite number > 0"
         if isinstance(value, Tensor):
-            value = _as_tensor(name, value)
+            value = as_tensor(name, value)
             if value.numel() != 1 or value.dtype == torch.bool:
                 raise LossError(f"{rule}, got a tensor of shape {tuple(value.shape)} and "
                                 f"dtype {value.dtype}")
@@ -188,7 +188,7 @@ def _denominator_checks(num_tokens, num_seqs, loss_scale_factor) -> list[_Check]
     return checks
 
 
-def _poison(out: Tensor, bad: Tensor | None) -> Tensor:
+def poison(out: Tensor, bad: Tensor | None) -> Tensor:
     """``out``, or nan where ``bad`` (an unchecked invalid input): never a plausible value."""
     if bad is None:
         return out

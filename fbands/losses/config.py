@@ -272,7 +272,7 @@ def _check_number(name, value, **rule) -> None:
     _checks.number(name, value, LossError, **rule)
 
 
-def _dual_clip_c(cfg: LossConfig) -> float | None:
+def dual_clip_bound(cfg: LossConfig) -> float | None:
     """The dual-clip constant :math:`c` in force: ``cfg.dual_clip_c``, else 3 for the
     ``dual_clip`` method, else None (no dual clip)."""
     if cfg.dual_clip_c is None and cfg.method == "dual_clip":

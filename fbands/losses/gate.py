@@ -32,12 +32,12 @@ from fbands._inputs import FILL_LOGP
 from fbands.errors import LossError
 from fbands.losses.band import intersected_log_bounds
 from fbands.losses.checks import (
-    _as_tensor,
-    _check_devices,
-    _compute_dtype,
-    _logp_checks,
-    _resolve_check,
-    _validate,
+    as_tensor,
+    check_devices,
+    compute_dtype,
+    logp_checks,
+    resolve_check,
+    validate,
 )
 from fbands.losses.config import checked_divs, split_divs
 
@@ -92,25 +92,25 @@ def mismatch_gate(logp: Tensor, logp_rollout: Tensor, div: str = "kl", delta: fl
         raise LossError(f"div must be a divergence name, got {div!r}")
     divs = split_divs(div)
     _checks.number("delta", delta, LossError, low=0.0, low_open=True)
-    logp, logp_rollout = _as_tensor("logp", logp), _as_tensor("logp_rollout", logp_rollout)
-    _check_devices(("logp", logp), ("logp_rollout", logp_rollout),
-                   ("mask", None if mask is None else _as_tensor("mask", mask)))
+    logp, logp_rollout = as_tensor("logp", logp), as_tensor("logp_rollout", logp_rollout)
+    check_devices(("logp", logp), ("logp_rollout", logp_rollout),
+                   ("mask", None if mask is None else as_tensor("mask", mask)))
     if logp_rollout.shape != logp.shape:
         raise LossError(f"logp_rollout has shape {tuple(logp_rollout.shape)}, expected "
                         f"logp's {tuple(logp.shape)}")
     if mask is not None and mask.shape != logp.shape:
         raise LossError(f"mask has shape {tuple(mask.shape)}, expected logp's "
                         f"{tuple(logp.shape)}")
-    dtype = _compute_dtype(logp, logp_rollout)
+    dtype = compute_dtype(logp, logp_rollout)
     with torch.no_grad():
         x, y = logp_rollout.detach().to(dtype), logp.detach().to(dtype)
         valid = None if mask is None else mask != 0
         if valid is not None:
             fill = torch.full_like(x, FILL_LOGP)
             x, y = torch.where(valid, x, fill), torch.where(valid, y, fill)
-        if _resolve_check(check, logp, logp_rollout):
-            _validate(_logp_checks("logp_rollout", x, valid, nan=True, sampled=True)
-                      + _logp_checks("logp", y, valid, nan=True))
+        if resolve_check(check, logp, logp_rollout):
+            validate(logp_checks("logp_rollout", x, valid, nan=True, sampled=True)
+                      + logp_checks("logp", y, valid, nan=True))
         x, y = x.clamp(max=0.0), y.clamp(max=0.0)
         log_lo, log_hi = intersected_log_bounds(x, delta, divs)
         log_r = y - x

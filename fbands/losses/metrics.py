@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor
 
-from fbands.losses.terms import _MAX_LOG_RATIO
+from fbands.losses.terms import MAX_LOG_RATIO
 
 METRIC_KEYS = (
     "clipfrac",
@@ -37,17 +37,17 @@ def _masked_mean(x: Tensor, weight: Tensor) -> Tensor:
     return (x * weight).sum() / weight.sum().clamp(min=1.0)
 
 
-def _metrics(logratio, logp_old, adv, valid, log_lo, log_hi, upper, lower, dual, trunc):
+def loss_metrics(logratio, logp_old, adv, valid, log_lo, log_hi, upper, lower, dual, trunc):
     """Per-batch diagnostics, all 0-dim detached tensors; no host sync."""
     with torch.no_grad():
         w = valid.to(logratio.dtype)
-        lr = logratio.detach().clamp(max=_MAX_LOG_RATIO)
+        lr = logratio.detach().clamp(max=MAX_LOG_RATIO)
         ratio = torch.exp(lr)
         f = logratio.dtype
         clip_up = _masked_mean(upper.to(f), w)
         clip_lo = _masked_mean(lower.to(f), w)
         tail = w * ((logp_old < math.log(TAIL_PROB)) & (adv > 0)).to(f)
-        width = torch.exp(log_hi.clamp(max=_MAX_LOG_RATIO)) - torch.exp(log_lo)
+        width = torch.exp(log_hi.clamp(max=MAX_LOG_RATIO)) - torch.exp(log_lo)
         width = torch.where(valid, width, torch.zeros_like(width))
         any_valid = valid.any()
         zero = torch.zeros((), dtype=f, device=logratio.device)

@@ -14,25 +14,25 @@ import torch
 from torch import Tensor
 
 from fbands.errors import LossError
-from fbands.losses.aggregate import _aggregate
+from fbands.losses.aggregate import aggregate_unchecked
 from fbands.losses.band import Band, precompute_band
 from fbands.losses.checks import (
-    _any_bad,
-    _as_tensor,
-    _band_checks,
-    _check_broadcast,
-    _check_devices,
-    _check_inputs,
-    _compute_dtype,
-    _denominator_checks,
-    _logp_checks,
-    _mask_checks,
-    _poison,
-    _resolve_check,
-    _validate,
+    any_bad,
+    as_tensor,
+    band_checks,
+    check_broadcast,
+    check_devices,
+    check_inputs,
+    compute_dtype,
+    denominator_checks,
+    logp_checks,
+    mask_checks,
+    poison,
+    resolve_check,
+    validate,
 )
 from fbands.losses.config import LossConfig
-from fbands.losses.metrics import _metrics
+from fbands.losses.metrics import loss_metrics
 from fbands.losses.terms import TERMS
 
 
@@ -150,17 +150,17 @@ def policy_loss(
     cfg = LossConfig() if cfg is None else cfg
     if not isinstance(cfg, LossConfig):
         raise LossError(f"cfg must be a LossConfig, got {type(cfg).__name__}")
-    logp_old, logp, advantages, mask = _check_inputs(logp_old, logp, advantages, mask)
-    check = _resolve_check(check, logp_old, logp, mask)
-    dtype = _compute_dtype(logp_old, logp)
+    logp_old, logp, advantages, mask = check_inputs(logp_old, logp, advantages, mask)
+    check = resolve_check(check, logp_old, logp, mask)
+    dtype = compute_dtype(logp_old, logp)
     valid = mask != 0
     if band is None:
         band = precompute_band(logp_old, cfg, mask=mask, check=check)
     elif not isinstance(band, tuple) or len(band) != 2:
         raise LossError(f"band must be a Band (log_lower, log_upper), got {type(band).__name__}")
-    log_lo, log_hi = (_as_tensor(f"band.{name}", edge).detach()
+    log_lo, log_hi = (as_tensor(f"band.{name}", edge).detach()
                       for name, edge in zip(Band._fields, band, strict=True))
-    _check_devices(("logp_old", logp_old), ("band.log_lower", log_lo),
+    check_devices(("logp_old", logp_old), ("band.log_lower", log_lo),
                    ("band.log_upper", log_hi))
     log_lo, log_hi = log_lo.to(dtype), log_hi.to(dtype)
     if log_lo.shape != logp_old.shape or log_hi.shape != logp_old.shape:
@@ -169,14 +169,14 @@ def policy_loss(
             f"logp_old's {tuple(logp_old.shape)}"
         )
     checks = [
-        *_logp_checks("logp_old", logp_old, valid, nan=False, sampled=True),
-        *_logp_checks("logp", logp, valid, nan=False),
-        *_band_checks(log_lo, log_hi, valid),
-        *_mask_checks(mask),
-        *_denominator_checks(num_tokens, num_seqs, loss_scale_factor),
+        *logp_checks("logp_old", logp_old, valid, nan=False, sampled=True),
+        *logp_checks("logp", logp, valid, nan=False),
+        *band_checks(log_lo, log_hi, valid),
+        *mask_checks(mask),
+        *denominator_checks(num_tokens, num_seqs, loss_scale_factor),
     ]
     if check:
-        _validate(checks)
+        validate(checks)
         checks = []
 
     # Masked positions are replaced before any arithmetic: padding may hold -inf or nan,
@@ -193,11 +193,12 @@ def policy_loss(
     # (B, T) loss and four (B, T) bool masks
     per_token, upper, lower, dual, trunc = term(logratio, logp_c, adv, log_lo, log_hi, cfg)
     if weights is not None:
-        weights = _as_tensor("weights", weights)
-        _check_devices(("logp_old", logp_old), ("weights", weights))
-        _check_broadcast("weights", tuple(weights.shape), weights.shape, per_token.shape)
+        weights = as_tensor("weights", weights)
+        check_devices(("logp_old", logp_old), ("weights", weights))
+        check_broadcast("weights", tuple(weights.shape), weights.shape, per_token.shape)
         per_token = per_token * torch.where(valid, weights.detach().to(dtype), zero)
-    loss = _aggregate(per_token, mask, cfg.agg, num_tokens, num_seqs, loss_scale_factor)
-    loss = _poison(loss, _any_bad(checks))  # unchecked invalid input: nan, never plausible
-    metrics = _metrics(logratio, logp_old_c, adv, valid, log_lo, log_hi, upper, lower, dual, trunc)
+    loss = aggregate_unchecked(per_token, mask, cfg.agg, num_tokens, num_seqs, loss_scale_factor)
+    loss = poison(loss, any_bad(checks))  # unchecked invalid input: nan, never plausible
+    metrics = loss_metrics(logratio, logp_old_c, adv, valid, log_lo, log_hi, upper, lower, dual,
+                           trunc)
     return loss, metrics

@@ -24,9 +24,9 @@ from torch import Tensor
 from fbands.errors import LossError
 from fbands.losses.config import SOFT_ALIASES, SOFT_FORMS
 
-# Ratios are exponentiated from log r <= _MAX_LOG_RATIO (r <= 5.5e34), which keeps every
+# Ratios are exponentiated from log r <= MAX_LOG_RATIO (r <= 5.5e34), which keeps every
 # product finite in float32.  Only a token whose old probability is below ~1e-35 can reach it.
-_MAX_LOG_RATIO = 80.0
+MAX_LOG_RATIO = 80.0
 # Floor of a log-scale: 1 / scale stays finite, so no 0 * inf reaches a gradient.
 _MIN_LOG_SCALE = -20.0
 # Cap of log(alpha_high) of the rollback forms: alpha_high stays finite in float32.
@@ -66,10 +66,10 @@ class _Edges:
     ``eps_lo = 1 - lo`` and ``eps_hi = hi - 1``."""
 
     def __init__(self, logratio, log_lo, log_hi):
-        self.lr = logratio.clamp(max=_MAX_LOG_RATIO)
+        self.lr = logratio.clamp(max=MAX_LOG_RATIO)
         self.r = torch.exp(self.lr)
         self.log_lo = log_lo
-        self.log_hi = log_hi.clamp(max=_MAX_LOG_RATIO)
+        self.log_hi = log_hi.clamp(max=MAX_LOG_RATIO)
         self.lo = torch.exp(log_lo)
         self.hi = torch.exp(self.log_hi)
         self.log_eps_hi = torch.log(torch.expm1(self.log_hi))  # -inf at hi = 1
@@ -300,7 +300,7 @@ def soft_clip(logratio: Tensor, log_lo: Tensor, log_hi: Tensor, form: str, *,
         form = SOFT_ALIASES[form]
     if form is None:
         lr = torch.maximum(torch.minimum(logratio, log_hi), log_lo)
-        return torch.exp(lr.clamp(max=_MAX_LOG_RATIO))
+        return torch.exp(lr.clamp(max=MAX_LOG_RATIO))
     if form not in _FORMS:
         raise LossError(f"unknown soft form {form!r}; expected one of {', '.join(SOFT_FORMS)}")
     params = {"k": k, "width": width, "rho": rho, "g": g, "alpha": alpha, "gamma": gamma,

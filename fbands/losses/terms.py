@@ -7,7 +7,7 @@ log-edges, all ``(B, T)`` and already cleaned of padding by
 with four bool masks: the tokens clipped at the upper and at the lower edge
 (:func:`side_masks`), those capped by the dual clip, and those whose ``band_mask`` weight hit
 its truncation.  Comparisons are made
-in log space, and no log-ratio above ``_MAX_LOG_RATIO`` (80) is ever exponentiated.
+in log space, and no log-ratio above ``MAX_LOG_RATIO`` (80) is ever exponentiated.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import math
 import torch
 from torch import Tensor
 
-from fbands.losses.config import _dual_clip_c
-from fbands.losses.soft import _MAX_LOG_RATIO, soft_clip
+from fbands.losses.config import dual_clip_bound
+from fbands.losses.soft import MAX_LOG_RATIO, soft_clip
 
 
 def side_masks(logratio: Tensor, adv: Tensor, log_lo: Tensor,
@@ -57,7 +57,7 @@ def _clip_form(logratio, logp, adv, log_lo, log_hi, cfg):
     from one side, and a clamped token has no gradient (band_gppo gives it one back).
     """
     upper, lower = side_masks(logratio, adv, log_lo, log_hi)
-    c = _dual_clip_c(cfg)
+    c = dual_clip_bound(cfg)
     if c is not None:
         log_c = math.log(c)
         dual = (adv < 0) & (logratio > log_c)
@@ -76,7 +76,7 @@ def _clip_form(logratio, logp, adv, log_lo, log_hi, cfg):
     eff = torch.where(upper, hi_val, logratio)
     eff = torch.where(lower, lo_val, eff)
     eff = torch.where(dual, torch.full_like(logratio, log_c), eff)
-    per_token = -adv * torch.exp(eff.clamp(max=_MAX_LOG_RATIO))
+    per_token = -adv * torch.exp(eff.clamp(max=MAX_LOG_RATIO))
     return per_token, upper, lower, dual, torch.zeros_like(upper)
 
 
@@ -85,12 +85,12 @@ def _soft_clip_form(logratio, logp, adv, log_lo, log_hi, cfg):
     ``-A min(r, s)`` for A >= 0 and ``-A max(r, s)`` (then capped by dual clip) for A < 0.
     The clip fractions count the tokens beyond the edge on the advantage's side."""
     upper, lower = side_masks(logratio, adv, log_lo, log_hi)
-    r = torch.exp(logratio.clamp(max=_MAX_LOG_RATIO))
+    r = torch.exp(logratio.clamp(max=MAX_LOG_RATIO))
     s = soft_clip(logratio, log_lo, log_hi, cfg.soft, k=cfg.soft_k, width=cfg.soft_width,
                   rho=cfg.soft_rho, g=cfg.soft_g, alpha=cfg.soft_alpha, gamma=cfg.soft_gamma,
                   alpha_in=cfg.soft_alpha_in)
     v = torch.where(adv >= 0, torch.minimum(r, s), torch.maximum(r, s))
-    c = _dual_clip_c(cfg)
+    c = dual_clip_bound(cfg)
     if c is not None:
         dual = (adv < 0) & (v > c)
         v = torch.where(dual, torch.full_like(v, c), v)
@@ -104,7 +104,7 @@ def _band_mask(logratio, logp, adv, log_lo, log_hi, cfg):
     upper, lower = side_masks(logratio, adv, log_lo, log_hi)
     keep = ~(upper | lower)
     log_c = math.log(cfg.truncation)
-    weight = torch.exp(logratio.detach().clamp(max=min(log_c, _MAX_LOG_RATIO)))
+    weight = torch.exp(logratio.detach().clamp(max=min(log_c, MAX_LOG_RATIO)))
     per_token = torch.where(keep, -adv * weight * logp, torch.zeros_like(logp))
     trunc = keep & (logratio > log_c)
     return per_token, upper, lower, torch.zeros_like(upper), trunc
@@ -115,7 +115,7 @@ def _cispo(logratio, logp, adv, log_lo, log_hi, cfg):
     upper = logratio > log_hi
     lower = logratio < log_lo
     clipped = torch.minimum(torch.maximum(logratio.detach(), log_lo), log_hi)
-    weight = torch.exp(clipped.clamp(max=_MAX_LOG_RATIO))
+    weight = torch.exp(clipped.clamp(max=MAX_LOG_RATIO))
     per_token = -adv * weight * logp
     none = torch.zeros_like(upper)
     return per_token, upper, lower, none, none

@@ -59,10 +59,6 @@ from __future__ import annotations
 
 import itertools
 
-from fbands.rl._chat_tasks import _FIRST_YES_NO as _FIRST_YES_NO
-from fbands.rl._chat_tasks import _INTEGER as _INTEGER
-from fbands.rl._chat_tasks import _NAMES as _NAMES
-from fbands.rl._chat_tasks import _THINGS as _THINGS
 from fbands.rl._chat_tasks import (
     ChatTask,
     LargerTask,
@@ -72,7 +68,6 @@ from fbands.rl._chat_tasks import (
     first_yes_no,
     last_integer,
 )
-from fbands.rl._chat_tasks import _word_problem as _word_problem
 from fbands.rl._task_base import Prompt, Task
 
 # In the order of the API page (autodoc documents the names listed here).

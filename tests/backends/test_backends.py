@@ -16,7 +16,7 @@ import pytest
 
 import fbands
 
-from ._speed import registry
+from .._speed import registry
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("numba")
@@ -208,7 +208,7 @@ def test_user_registered_divergence_runs_on_numba_and_torch():
 def test_against_the_high_precision_reference(div):
     import mpmath as mp
 
-    from .reference import GENERATORS, edges
+    from ..reference import GENERATORS, edges
 
     ps = [1e-9, 3e-4, 0.05, 0.6, 1 - 1e-7]
     for delta in (1e-3, 0.3):

@@ -12,7 +12,7 @@ import pytest
 
 import fbands
 
-from . import reference as ref
+from .. import reference as ref
 
 pytest.importorskip("cvxpy")
 from fbands.backends import cvxpy_backend  # noqa: E402

@@ -22,7 +22,7 @@ import fbands
 from fbands import _expr, symbolic
 from fbands.errors import DivergenceError
 
-from . import reference
+from .. import reference
 
 torch = pytest.importorskip("torch")
 

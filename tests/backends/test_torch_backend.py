@@ -138,7 +138,7 @@ def test_implicit_gradients_against_60_digit_derivatives(cpu_kernel, div, p, del
     numerical derivatives of the independent 60-digit bisection of tests/reference.py."""
     import mpmath as mp
 
-    from .reference import GENERATORS, edges
+    from ..reference import GENERATORS, edges
 
     f = GENERATORS[div]
     with mp.workdps(60):

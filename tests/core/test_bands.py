@@ -15,9 +15,9 @@ from fbands import _refine, _solver
 from fbands._dispatch import PATHS, plan
 from fbands._inputs import NumpyInputs, Request
 
-from . import _user as user
-from . import reference as ref
-from ._speed import registry
+from .. import _user as user
+from .. import reference as ref
+from .._speed import registry
 
 DIVS = list(ref.TABLE)
 CLOSED = [d for d in DIVS if user.get(d).derivation.upper is not None]

@@ -10,8 +10,8 @@ import pytest
 
 import fbands
 
-from . import reference as ref
-from ._speed import registry
+from .. import reference as ref
+from .._speed import registry
 
 pytestmark = pytest.mark.usefixtures("user_divergence")  # tests/_user.py
 

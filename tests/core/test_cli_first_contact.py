@@ -20,7 +20,7 @@ import pytest
 import fbands
 from fbands.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: what a core-only install lacks (numba is core, but blocked too: its absence is handled)
 MISSING = ("torch", "matplotlib", "cvxpy", "scipy", "numba", "transformers", "tokenizers",
            "tqdm", "trl", "verl")

@@ -13,7 +13,7 @@ import fbands
 from fbands import divergences, symbolic
 from fbands.errors import DivergenceError
 
-from . import reference as ref
+from .. import reference as ref
 
 u = symbolic.U
 

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 import fbands
 from fbands._refine import extended_has_range
 
-from . import reference as ref
+from .. import reference as ref
 
 SMALL = [1e-18, 1e-40, 1e-120, 1e-300, 5e-324]
 PS = [0.5, 0.1, 0.9, 1e-5, 1 - 1e-5]

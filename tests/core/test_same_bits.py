@@ -24,7 +24,7 @@ import fbands
 pytest.importorskip("fbands._jit.backend")
 from fbands.tables.cache import TABLES  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: KL (no closed form: root finding), TV (closed forms) and the user divergence of
 #: tests/_user.py, registered under the same name in the child process below.
 DIVERGENCES = ("kl", "tv", "triangular")
@@ -128,7 +128,7 @@ import hashlib, json, sys
 import numpy as np
 sys.path.insert(0, {root!r})
 import fbands
-from tests import test_same_bits as t
+from tests.core import test_same_bits as t
 from tests._user import TRIANGULAR
 from fbands import divergences
 divergences._REGISTRY["triangular"] = TRIANGULAR

@@ -298,7 +298,7 @@ def test_trl_trainer_follows_the_schedule(tmp_path):
 
     from fbands import losses as fl
 
-    from .test_trl import make_trainer
+    from ..integrations.test_trl import make_trainer
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -323,7 +323,7 @@ def test_trl_adaptive_radius_follows_its_rule_and_resumes(tmp_path):
     import json
     import warnings
 
-    from .test_trl import make_trainer
+    from ..integrations.test_trl import make_trainer
 
     spec = "adaptive:1e-4:0.01:0.002:0.05"
     with warnings.catch_warnings():
@@ -372,7 +372,7 @@ def test_trl_schedule_errors(tmp_path, text, match):
     pytest.importorskip("trl")
     from fbands.integrations.trl import TRLBandError
 
-    from .test_trl import make_args
+    from ..integrations.test_trl import make_args
 
     with pytest.raises(TRLBandError, match=match):
         make_args(tmp_path, band_delta_schedule=text)

@@ -17,7 +17,7 @@ from fbands.tables import store
 
 from .test_derived_cache import TRIANGULAR, cache, counted  # noqa: F401  (fixtures)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script():

@@ -12,7 +12,7 @@ import fbands
 from fbands._state import STATE, Memo, ProcessState
 from fbands.tables.cache import COMPLETION, TableCache
 
-from . import reference as ref
+from .. import reference as ref
 
 P = np.array([1e-6, 0.003, 0.2, 0.7, 0.99])
 DELTA = 0.05

@@ -122,7 +122,7 @@ def test_band_trainer_trains_clips_and_logs(trained):
         assert all(f"band/{key}" in entry for entry in logs), key
     for key in ("clip_ratio/region_mean", "clip_ratio/high_max", "entropy", "loss"):
         assert all(key in entry for entry in logs), key
-    from ._vocabulary import vocabulary
+    from .._vocabulary import vocabulary
 
     assert {k for entry in logs for k in entry if k.startswith("band/")} <= vocabulary()
     first, second = logs
@@ -339,7 +339,7 @@ def test_the_trl_surface_the_band_trainer_relies_on():
 
 def test_guide_laptop_example_runs(tmp_path, monkeypatch):
     """The offline script of docs/guides/trl.md, executed as written."""
-    guide = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "trl.md").read_text()
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "trl.md").read_text()
     section = guide[guide.index("## A run on a laptop") :]
     start = section.index("```python\n") + len("```python\n")
     code = section[start : section.index("```", start)]

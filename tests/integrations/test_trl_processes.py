@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("trl")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def launch(out: Path, n: int) -> dict:

@@ -22,7 +22,7 @@ import fbands
 from fbands import losses as fl
 from fbands.integrations import verl as fv
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VERL_CONFIG_DIR = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
 
 # Overrides that select a band other than the defaults (kl, 0.05), as the guide explains.
@@ -272,7 +272,7 @@ def test_metrics_use_verl_names_and_definitions():
 def test_band_metrics_are_the_shared_vocabulary_behind_verl_prefix():
     from fbands.losses import METRIC_KEYS
 
-    from ._vocabulary import vocabulary
+    from .._vocabulary import vocabulary
 
     old, new, adv, mask = batch(seed=5)
     _, _, metrics = call("band", old, new, adv, mask, band_actor())

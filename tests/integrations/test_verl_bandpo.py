@@ -15,7 +15,7 @@ from verl.utils.metric import AggregationType, Metric  # noqa: E402
 import fbands.integrations.verl as fv  # noqa: E402
 from fbands import losses as fl  # noqa: E402
 from fbands.errors import ConfigError  # noqa: E402
-from tests.test_verl import BAND_OVERRIDES, band_actor, batch, call, verl_actor  # noqa: E402
+from tests.integrations.test_verl import BAND_OVERRIDES, band_actor, batch, call, verl_actor  # noqa: E402
 
 
 def test_bandpo_names_are_aliases():

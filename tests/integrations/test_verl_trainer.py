@@ -168,7 +168,7 @@ def test_the_guides_schedule_command_composes_through_hydra():
 
     from .test_verl import BATCH_OVERRIDES, VERL_CONFIG_DIR
 
-    guide = (Path(__file__).resolve().parents[1] / "docs/guides/verl.md").read_text()
+    guide = (Path(__file__).resolve().parents[2] / "docs/guides/verl.md").read_text()
     block = re.search(r"## A delta schedule.*?```bash\n(.*?)```", guide, re.S)[1]
     words = shlex.split(block.replace("\\\n", " "), comments=True)
     assert "VERL_USE_EXTERNAL_MODULES=fbands.integrations.verl_trainer" in words

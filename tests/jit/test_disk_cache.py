@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("numba")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 _CALL = """

@@ -17,7 +17,7 @@ numba = pytest.importorskip("numba")
 import fbands  # noqa: E402
 from fbands._jit import loader  # noqa: E402  (registers the compile listener)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _python(code: str, env: dict | None = None, timeout: float = 300):

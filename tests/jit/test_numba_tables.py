@@ -9,7 +9,7 @@ solves every element.  Both share the scalar solver, so they must agree to the t
 tolerance everywhere: at cell boundaries, in refined cells next to saturation thresholds,
 in the catch-all cells (tiny p, p within 2^-90 of 1), for p and log p input, ratios and
 log-ratios.  The exact path itself is checked against numpy and a 60-digit reference in
-tests/test_backends.py.
+tests/backends/test_backends.py.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 import fbands
 from fbands.errors import BandError
 
-from . import _user as user
-from . import reference as ref
-from ._speed import registry
+from .. import _user as user
+from .. import reference as ref
+from .._speed import registry
 
 pytest.importorskip("numba")
 from fbands._jit import backend as numba_backend  # noqa: E402

@@ -20,7 +20,7 @@ import pytest
 import fbands
 from fbands.errors import BandError, DivergenceError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: Prints, as JSON: the plan of a 2^17-element call, how many numba compiles it started,
 #: its result's hash and that of the same call on the backend named in argv[1].

@@ -17,8 +17,8 @@ import pytest
 import fbands
 from fbands import _solver
 
-from . import reference as ref
-from ._speed import registry
+from .. import reference as ref
+from .._speed import registry
 
 pytest.importorskip("numba")
 from fbands._jit import loader  # noqa: E402

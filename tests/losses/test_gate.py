@@ -12,7 +12,7 @@ import torch
 from fbands.errors import LossError
 from fbands.losses import mismatch_gate
 
-from . import reference
+from .. import reference
 
 mp.mp.dps = 40
 

@@ -197,7 +197,7 @@ def test_verl_modes_come_from_the_table():
 def test_an_intersected_band_keeps_every_trust_region(name):
     """div="a&b": the edges are where the first of the two-point divergences reaches delta,
     checked against 60-digit edges of each divergence alone (tests/reference.py)."""
-    from . import reference
+    from .. import reference
 
     cfg = preset(name, delta=0.05)
     p = [1e-6, 1e-3, 0.05, 0.3, 0.7, 0.99]

@@ -18,7 +18,7 @@ from fbands.losses import band as _band
 from fbands.losses import checks as _checks
 from fbands.losses import policy as _policy
 
-from ._sync import SyncDetector
+from .._sync import SyncDetector
 
 
 # --- the detector itself -------------------------------------------------------------------
@@ -74,13 +74,13 @@ def test_detector_flags_uploads_and_restores_methods():
 
 
 def test_detector_names_the_fbands_caller():
-    from fbands.losses.checks import _validate
+    from fbands.losses.checks import validate
 
     t = torch.tensor([0.5, -1.0])
     with SyncDetector() as det:
-        _validate([(t > 1, t, "must be <= 1")])  # passes: one reduction read on the host
+        validate([(t > 1, t, "must be <= 1")])  # passes: one reduction read on the host
     assert len(det.syncs) == 1 and det.syncs[0].in_fbands
-    assert "checks.py" in det.syncs[0].where and "_validate" in det.syncs[0].where
+    assert "checks.py" in det.syncs[0].where and "validate" in det.syncs[0].where
 
 
 def test_detector_on_a_meta_tensor_flags_no_copy():
@@ -93,17 +93,17 @@ def test_detector_on_a_meta_tensor_flags_no_copy():
 # --- the accelerator's defaults, on the CPU -------------------------------------------------
 def _resolve_as_on_a_device(check, *tensors):
     """``check=None`` resolved as for CUDA tensors (False); explicit values as given."""
-    return False if check is None else _checks._resolve_check(check, *tensors)
+    return False if check is None else _checks.resolve_check(check, *tensors)
 
 
 @pytest.fixture
 def accelerator(monkeypatch):
     """Run the losses' accelerator branches on CPU tensors: ``check=None`` means no check
-    (``fbands.losses.checks._resolve_check`` for a CUDA tensor), and the band of a masked
+    (``fbands.losses.checks.resolve_check`` for a CUDA tensor), and the band of a masked
     batch goes through ``fbands.log_bounds`` whole (``band._on_host`` is False for a CUDA
     tensor) instead of through numpy."""
     for module in (_band, _policy, _aggregate):
-        monkeypatch.setattr(module, "_resolve_check", _resolve_as_on_a_device)
+        monkeypatch.setattr(module, "resolve_check", _resolve_as_on_a_device)
     monkeypatch.setattr(_band, "_on_host", lambda x: False)
 
 
@@ -179,7 +179,7 @@ def _verl_loss(name="band"):
     pytest.importorskip("verl")
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
-    from .test_verl import BAND_OVERRIDES, verl_actor
+    from ..integrations.test_verl import BAND_OVERRIDES, verl_actor
 
     overrides = {"band": BAND_OVERRIDES,  # tv, 0.1: a divergence band
                  "dcpo": (BAND_OVERRIDES[0], "actor_rollout_ref.actor.policy_loss.loss_mode=fbands",
@@ -280,7 +280,7 @@ def _log_bounds_device_path():
 def test_log_bounds_device_path_on_a_cpu_tensor():
     """A CPU tensor reads the tables (the numpy backend's bits): one wait, in the table
     pass, and no upload once the radius's tables are in place.  The path of a GPU tensor,
-    the grid, has none and is a graph of at most 20 ops (``tests/test_grid.py``)."""
+    the grid, has none and is a graph of at most 20 ops (``tests/tables/test_grid.py``)."""
     det = _log_bounds_device_path()
     assert len(det.syncs) <= 1 and det.uploads == [], det.report()
     assert all(f.in_fbands for f in det.syncs)
@@ -293,7 +293,7 @@ def trl_call(tmp_path_factory):
     pytest.importorskip("trl")
     from fbands.integrations._trl_loss import LOWER, UPPER
 
-    from .test_trl import fake_batch, make_trainer
+    from ..integrations.test_trl import fake_batch, make_trainer
 
     trainer = make_trainer(tmp_path_factory.mktemp("trl"))
     trainer.current_gradient_accumulation_steps = 1

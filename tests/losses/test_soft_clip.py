@@ -309,7 +309,7 @@ def test_trl_config_and_trainer_soft(tmp_path, monkeypatch):
     from fbands.errors import ConfigError
     from fbands.integrations.trl import TRLBandError
 
-    from .test_trl import make_args, make_trainer
+    from ..integrations.test_trl import make_args, make_trainer
 
     cfg = make_args(tmp_path, band_soft="smooth3", band_soft_width="0.5").band_loss_config()
     assert (cfg.soft, cfg.soft_width, cfg.soft_k) == ("smooth3", 0.5, 1.0)

@@ -254,7 +254,7 @@ def test_bandpo_forms_by_name_in_trl_and_train(tmp_path):
     pytest.importorskip("trl")
     from fbands.integrations.trl import TRLBandError
 
-    from .test_trl import make_args
+    from ..integrations.test_trl import make_args
 
     trl_cfg = make_args(tmp_path, band_soft="3seg_control_converge", band_soft_rho="0.3",
                         band_soft_g=2).band_loss_config()

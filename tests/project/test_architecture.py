@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "docs" / "_ext"))
 
@@ -311,9 +311,9 @@ def test_every_backend_offers_one_run_and_the_dispatch_calls_nothing_else():
                                                           "request"], name
     tree = ast.parse((ROOT / "fbands" / "_dispatch.py").read_text(encoding="utf-8"))
 
-    def is_backend(node) -> bool:  # _module(...)
+    def is_backend(node) -> bool:  # backend_module(...)
         return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                and node.func.id == "_module")
+                and node.func.id == "backend_module")
 
     held = {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign)
             and is_backend(node.value) for t in node.targets if isinstance(t, ast.Name)}
@@ -321,3 +321,23 @@ def test_every_backend_offers_one_run_and_the_dispatch_calls_nothing_else():
              and (is_backend(node.value)
                   or isinstance(node.value, ast.Name) and node.value.id in held)}
     assert held and asked == {"run", "has_closed_pass", "is_ready", "wants_grad", "with_grad"}
+
+
+# ----------------------------------------------------------------------------- the tests
+
+
+#: Test folders that are not a sub-package: the top-level modules of fbands (``core``) and
+#: the project around the package (docs, examples, packaging, benchmarks, this file).
+TEST_FOLDERS = {"core": "fbands/*.py", "project": "docs, examples, packaging, benchmarks"}
+
+
+def test_the_tests_mirror_the_package():
+    """A module's tests sit in the folder of its sub-package (``tests/losses/`` for
+    ``fbands/losses/``; ``tests/jit/`` for ``fbands/_jit/``), those of a top-level module in
+    ``tests/core/``; no test file lies loose in ``tests/``."""
+    tests = ROOT / "tests"
+    assert not list(tests.glob("test_*.py"))
+    packages = {p.parent.name.lstrip("_") for p in (ROOT / "fbands").glob("*/__init__.py")}
+    folders = {p.parent.name for p in tests.glob("*/test_*.py")}
+    assert folders <= packages | set(TEST_FOLDERS), folders - packages - set(TEST_FOLDERS)
+    assert all((tests / f / "__init__.py").is_file() for f in folders)

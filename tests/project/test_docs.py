@@ -17,7 +17,7 @@ import sympy as sp
 
 import fbands
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 sys.path.insert(0, str(DOCS / "_ext"))
 
 import fbands_docs  # noqa: E402

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # A fenced block: ```python (code) or ```{doctest} (a ">>>" session, as Sphinx runs it).
 FENCE = re.compile(r"^```(python|\{doctest\})\n(.*?)^```", re.S | re.M)
 # Blocks that cannot run here, by a piece of their text -> why.  Each entry must match a
@@ -112,7 +112,7 @@ def test_verl_guide_alpha_override_composes_through_hydra():
     import fbands
     from fbands.integrations import verl as fv
 
-    from .test_verl import BAND_OVERRIDES, verl_actor
+    from ..integrations.test_verl import BAND_OVERRIDES, verl_actor
 
     guide = (ROOT / "docs" / "guides" / "verl.md").read_text()
     quoted = re.findall(r'`("\+actor_rollout_ref[^`]*\(.*?)`', guide)

@@ -18,7 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 #: what the GPU machine has: its python3's standard library and these packages
 ALLOWED = set(sys.stdlib_module_names) | {"numpy", "torch", "sympy", "numba", "transformers",

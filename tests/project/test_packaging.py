@@ -24,7 +24,7 @@ import pytest
 
 import fbands
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CORE = {"numpy", "sympy", "mpmath", "numba"}
 HEAVY = ("torch", "cvxpy", "matplotlib", "scipy")
 #: The CPU build these machines keep on disk; never let pip choose a torch here.

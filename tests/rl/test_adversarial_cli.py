@@ -30,8 +30,8 @@ from fbands.rl import train as rl_train  # noqa: E402
 from fbands.rl.checkpoint import sealed  # noqa: E402
 from fbands.rl.config import MAX_THREADS, TrainConfig  # noqa: E402
 
-from ._tiny_run import TINY_RUN as SMALL  # noqa: E402
-from ._tiny_run import quiet  # noqa: E402
+from .._tiny_run import TINY_RUN as SMALL  # noqa: E402
+from .._tiny_run import quiet  # noqa: E402
 
 
 def config_file(tmp_path, name="run", **changes) -> tuple[Path, Path]:

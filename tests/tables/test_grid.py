@@ -23,8 +23,8 @@ from fbands.tables import grid as G
 from fbands.tables import store
 from fbands.tables.cache import TABLES
 
-from . import reference as ref
-from ._sync import SyncDetector
+from .. import reference as ref
+from .._sync import SyncDetector
 
 #: Divergences of the accuracy tests: every built-in and four members of the alpha family.
 NAMES = ["kl", "reverse_kl", "tv", "chi2", "neyman_chi2", "hellinger", "js", "alpha(a=3)",
