@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fbands._state import STATE
+from fbands._state import STATE, Memo
 from fbands.tables import grid, layout
 from fbands.tables.cache import MAX_TABLES, TABLES
 
@@ -101,9 +101,10 @@ class DeviceGrid:
 
 _GRIDS = STATE.memo("device grids", "band grids on a device, by (divergence key, delta, "
                     "dtype, device)", max_entries=4 * MAX_TABLES)
-_CAPTURED = STATE.memo("captured grids", "grids read while a CUDA graph was captured: kept "
-                       "while the graph may replay reads of their memory (a few hundred "
-                       "kilobytes each at most)")
+#: Grids read while a CUDA graph was captured, kept for the life of the process: the graph
+#: may replay reads of their memory (a few hundred kilobytes each at most).  Not a cache, so
+#: not part of the process state: :meth:`fbands._state.ProcessState.clear` must not free them.
+_CAPTURED = Memo("captured grids", "grids a captured CUDA graph reads")
 
 
 def _capturing(device) -> bool:
