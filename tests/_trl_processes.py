@@ -19,6 +19,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from transformers import TrainerState
 from trl import GRPOConfig, GRPOTrainer
 
 from fbands.integrations.trl import BandGRPOConfig, BandGRPOTrainer
@@ -89,13 +90,16 @@ def main(out: Path) -> None:
                     max_steps=2, save_strategy="steps", save_steps=2)
     first.train()
     # (transformers' own resume cannot read back a multi-CPU run's optimizer state, saved
-    # from device "cpu:0" in torch 2.13; the band's part of the checkpoint is read here)
+    # from device "cpu:0" in torch 2.13; the band's part of the checkpoint is read here, by
+    # the callback's hook that a resume calls)
     again = trainer(run, BandGRPOTrainer, band_method="band-kl", band_delta_schedule=spec,
                     max_steps=3, save_strategy="steps", save_steps=2)
-    again._load_from_checkpoint(str(run / "checkpoint-2"))
+    saved = TrainerState.load_from_json(str(run / "checkpoint-2" / "trainer_state.json"))
+    again.band_radius.on_train_begin(again.args, saved, again.control)
     found["run"] = {"first": first.state.log_history,
-                    "saved": json.loads((run / "checkpoint-2" / "fbands_delta.json").read_text()),
-                    "restored": again.band_schedule.delta, "pending": again._band_kl,
+                    "saved": saved.stateful_callbacks["BandRadiusCallback"]["attributes"],
+                    "restored": again.band_schedule.delta,
+                    "pending": again.band_radius.pending_kl,
                     "schedule": first.band_schedule.delta}
     if int(os.environ.get("RANK", "0")) == 0:
         (out / f"processes-{n}.json").write_text(json.dumps(found))

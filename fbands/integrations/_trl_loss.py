@@ -14,7 +14,7 @@ under the keys :data:`LOWER` and :data:`UPPER` (computed once per batch by the t
 
 It is a mixin of TRL's :class:`~trl.GRPOTrainer`, and reads the state that
 :class:`~fbands.integrations.trl.BandGRPOTrainer` sets up (``band_config``,
-``band_schedule``, ``_band_step_config``, ``_band_kl``, ``_band_gate``) besides TRL's own
+``band_radius``, ``_band_step_config``, ``_band_gate``) besides TRL's own
 options and accelerator.  With ``band_gate_div`` set, the mismatch gate
 (:func:`fbands.losses.mismatch_gate`) of vLLM's log-probs against the trainer's is one more
 per-token factor of :math:`W_t`.
@@ -208,15 +208,15 @@ class BandLoss:
                                 *(f"band/{n}" for n in names)], read, strict=True):
             m[name].append(value)
         values = read[len(means) + 2:]
-        schedule = self.band_schedule
-        if mode == "train" and schedule is not None and schedule.adaptive:
+        radius = self.band_radius
+        if mode == "train" and radius is not None:
             # The last of the num_iterations passes over the generation batch (self._step
             # counts micro-batches and is incremented after this call).
             a = self.args
             passes = (self._step % (a.steps_per_generation * a.num_iterations)) // (
                 a.steps_per_generation)
             if passes == a.num_iterations - 1:
-                self._band_kl.append(values[names.index("approx_kl_k3")])
+                radius.pending_kl.append(values[names.index("approx_kl_k3")])
         if self.band_config.uses_radius:
             m["band/delta"].append(self._band_step_config.delta)
 

@@ -20,8 +20,9 @@ An ``adaptive:TARGET_KL`` schedule (:class:`fbands.AdaptiveDelta`) is updated wh
 generation batch is scored, from the KL measured on the previous one: the mean, over the
 micro-batches of its last pass, of the loss's own k3 estimate ``r - 1 - log r`` (logged as
 ``band/approx_kl_k3``, the same number on every process); the update is logged as
-``band/measured_kl`` and ``band/delta_next``, and the radius is saved in each checkpoint
-folder (``fbands_delta.json``) and read back on resume.
+``band/measured_kl`` and ``band/delta_next``. The radius and the KL waiting to update it are
+kept by a :class:`BandRadiusCallback`, saved in each checkpoint's ``trainer_state.json`` as
+transformers saves any stateful callback, and read back by ``train(resume_from_checkpoint=...)``.
 
 The band depends only on the old log-probabilities, so it is computed once per
 generation batch and reused by all ``num_iterations`` passes over it.
@@ -55,21 +56,18 @@ A complete script (a small model from the Hugging Face hub)::
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import os
 import warnings
 from dataclasses import dataclass, field
 
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
 import fbands
 from fbands import losses as fl
-from fbands.errors import ConfigError
 from fbands.integrations._names import merge, named_fields
 from fbands.integrations._options import as_bool, as_float, as_str, radius_schedule
 from fbands.integrations._trl_loss import LOWER, UPPER, BandLoss
+from fbands.integrations._trl_radius import BandRadiusCallback, TRLBandError
 from fbands.losses.gate import gate_options
 
 __all__ = [
@@ -77,20 +75,14 @@ __all__ = [
     "BandGRPOConfig",
     "BandGRPOTrainer",
     "BandInactiveWarning",
+    "BandRadiusCallback",
     "TRLBandError",
 ]
 
 #: TRL loss types whose normalisation the band trainer keeps.
 SUPPORTED_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")
 
-# File of a checkpoint folder that holds the adaptive radius.
-_DELTA_FILE = "fbands_delta.json"
-
 logger = logging.getLogger(__name__)
-
-
-class TRLBandError(ConfigError):
-    """A TRL configuration the band trainer cannot honour (a :class:`fbands.ConfigError`)."""
 
 
 class BandInactiveWarning(UserWarning):
@@ -381,16 +373,13 @@ class BandGRPOTrainer(BandLoss, GRPOTrainer):
 
     What of TRL it relies on: the loss goes through ``compute_loss``, the method TRL
     documents for changing the objective; the config through :class:`BandGRPOConfig`, a
-    subclass of TRL's.  Three private methods are overridden, because no public hook does
-    their job, and a test (``tests/integrations/test_trl.py``, *the TRL surface*) fails when
-    TRL changes any of them:
-
-    * ``_generate_and_score_completions``: the band is computed once per generation batch,
-      from the old log-probabilities that TRL computes there, and travels with the batch
-      through TRL's shuffling and splitting; a scheduled radius moves at that point, where
-      an adaptive one reads the last pass's KL;
-    * ``_save_checkpoint`` and ``_load_from_checkpoint``: an adaptive radius's state is
-      saved beside TRL's checkpoint and restored with it.
+    subclass of TRL's; an adaptive radius's state through a :class:`BandRadiusCallback`.
+    One private method is overridden, because no public hook does its job, and a test
+    (``tests/integrations/test_trl.py``, *the TRL surface*) fails when TRL changes it:
+    ``_generate_and_score_completions``, where the band is computed once per generation
+    batch, from the old log-probabilities that TRL computes there, and travels with the
+    batch through TRL's shuffling and splitting; a scheduled radius moves at that point,
+    where an adaptive one reads the last pass's KL.
 
     The loss also calls TRL's helpers ``_get_per_token_logps_and_entropies``,
     ``get_off_policy_mask`` and ``get_high_entropy_mask``, as TRL's own loss does.
@@ -414,9 +403,11 @@ class BandGRPOTrainer(BandLoss, GRPOTrainer):
                 f"BandGRPOTrainer needs args=BandGRPOConfig(...), got {type(a).__name__}"
             )
         self.band_config = a.band_loss_config()
-        self.band_schedule = a.band_schedule()
+        schedule = a.band_schedule()
+        self._band_steps = None if schedule is None or schedule.adaptive else schedule
+        if schedule is not None and schedule.adaptive:
+            self.add_callback(BandRadiusCallback(str(schedule)))
         self._band_step_config = self.band_config  # of the latest generation batch
-        self._band_kl: list[float] = []  # k3 of the last pass over the latest batch
         self._band_gate = a.band_gate()  # mismatch_gate's arguments, or None
         logger.info("fbands band loss: %s", self.band_config)
         generate_every = a.steps_per_generation * a.num_iterations
@@ -432,12 +423,27 @@ class BandGRPOTrainer(BandLoss, GRPOTrainer):
                 stacklevel=2,
             )
 
+    @property
+    def band_radius(self) -> BandRadiusCallback | None:
+        """The callback that holds an adaptive radius (None for any other radius)."""
+        # (looked up each time: transformers replaces a stateful callback it restores)
+        return next((cb for cb in self.callback_handler.callbacks
+                     if isinstance(cb, BandRadiusCallback)), None)
+
+    @property
+    def band_schedule(self):
+        """The radius schedule in use (:func:`fbands.parse_schedule`), or None."""
+        radius = self.band_radius
+        return self._band_steps if radius is None else radius.schedule
+
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
-        if self.model.training and self._band_kl:  # the previous batch's KL steers the radius
-            measured = sum(self._band_kl) / len(self._band_kl)
-            self._band_kl = []
-            following = self.band_schedule.update(measured)
+        radius = self.band_radius
+        if self.model.training and radius is not None and radius.pending_kl:
+            # the previous batch's KL steers the radius
+            measured = sum(radius.pending_kl) / len(radius.pending_kl)
+            radius.pending_kl = []
+            following = radius.schedule.update(measured)
             self._metrics["train"]["band/measured_kl"].append(measured)
             self._metrics["train"]["band/delta_next"].append(following)
         if self.band_schedule is not None:
@@ -451,29 +457,3 @@ class BandGRPOTrainer(BandLoss, GRPOTrainer):
                                       mask=output["completion_mask"])
             output[LOWER], output[UPPER] = band.log_lower, band.log_upper
         return output
-
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        schedule = self.band_schedule
-        if schedule is not None and schedule.adaptive and self.args.should_save:
-            folder = os.path.join(self._get_output_dir(trial=trial),
-                                  f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-            with open(os.path.join(folder, _DELTA_FILE), "w") as f:
-                json.dump({**schedule.state_dict(), "pending_kl": self._band_kl}, f)
-
-    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
-        super()._load_from_checkpoint(resume_from_checkpoint, model)
-        schedule = self.band_schedule
-        path = os.path.join(resume_from_checkpoint, _DELTA_FILE)
-        if schedule is not None and schedule.adaptive and os.path.isfile(path):
-            try:
-                with open(path) as f:
-                    state = json.load(f)
-                schedule.load_state_dict(state)
-                pending = [float(x) for x in state.get("pending_kl", [])]
-            except (OSError, ValueError, KeyError, TypeError) as err:
-                raise TRLBandError(f"{path!r} is not a saved adaptive radius ({err}); "
-                                   "delete it to restart from band_delta") from err
-            self._band_kl = pending
-            logger.info("fbands adaptive radius restored from %s: delta=%s", path,
-                        schedule.delta)

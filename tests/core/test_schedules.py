@@ -344,21 +344,32 @@ def test_trl_adaptive_radius_follows_its_rule_and_resumes(tmp_path):
         assert logs[k]["band/delta"] == logs[k + 1]["band/delta"] == logs[k]["band/delta_next"]
         assert "band/measured_kl" not in logs[k - 1]
     assert len({e["band/delta"] for e in logs}) > 1  # it moved
-    saved = json.loads((tmp_path / "checkpoint-4" / "fbands_delta.json").read_text())
-    assert saved["delta"] == logs[3]["band/delta"]  # after the last pass of the 2nd batch
-    assert saved["pending_kl"] == [pytest.approx(logs[3]["band/approx_kl_k3"], rel=1e-12)]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        again = make_trainer(tmp_path, max_steps=6, band_delta_schedule=spec,
-                             save_strategy="steps", save_steps=2)
-        again._load_from_checkpoint(str(tmp_path / "checkpoint-4"))
-    assert again.band_schedule.delta == saved["delta"]
-    assert again._band_kl == saved["pending_kl"]
-    (tmp_path / "checkpoint-4" / "fbands_delta.json").write_text('{"delta": "x"}')
+    # transformers saves the BandRadiusCallback's state with the trainer's
+    state_file = tmp_path / "checkpoint-4" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    saved = state["stateful_callbacks"]["BandRadiusCallback"]
+    assert saved["args"] == {"schedule": "adaptive:0.0001:0.01:0.002:0.05"}
+    assert saved["attributes"]["radius"] == {"delta": logs[3]["band/delta"]}  # after step 4
+    assert saved["attributes"]["pending_kl"] == [
+        pytest.approx(logs[3]["band/approx_kl_k3"], rel=1e-12)]
+    # A resumed run updates the restored radius with the restored KL at its first batch, as
+    # the first run did; so does transformers' own restoring of stateful callbacks.
+    for restore in (False, True):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            again = make_trainer(tmp_path, max_steps=5, band_delta_schedule=spec,
+                                 restore_callback_states_from_checkpoint=restore)
+            again.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
+        (resumed,) = [e for e in again.state.log_history if "band/delta" in e and e["step"] == 5]
+        for key in ("band/measured_kl", "band/delta_next", "band/delta"):
+            assert resumed[key] == logs[4][key], (restore, key)
     from fbands.integrations.trl import TRLBandError
 
+    state["stateful_callbacks"]["BandRadiusCallback"]["attributes"]["radius"] = {"delta": "x"}
+    state_file.write_text(json.dumps(state))
+    again = make_trainer(tmp_path, max_steps=5, band_delta_schedule=spec)
     with pytest.raises(TRLBandError, match="is not a saved adaptive radius"):
-        again._load_from_checkpoint(str(tmp_path / "checkpoint-4"))
+        again.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
 
 
 @pytest.mark.parametrize(

@@ -49,7 +49,7 @@ def test_two_processes_compute_what_one_does(tmp_path):
     steps = [e for e in run["first"] if "band/delta" in e]
     assert len(steps) == 2 and steps[0]["band/delta"] == 0.01
     # the checkpoint holds the radius every process used, and a new trainer restores it
-    assert run["saved"]["delta"] == run["schedule"] == run["restored"]
+    assert run["saved"]["radius"]["delta"] == run["schedule"] == run["restored"]
     assert run["pending"] == run["saved"]["pending_kl"] and len(run["pending"]) == 1
 
 
