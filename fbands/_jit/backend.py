@@ -132,8 +132,9 @@ def _finish(div, p, d, x, idx, out_lo, out_hi, request: Request):
     return out_lo.reshape(p.shape), out_hi.reshape(p.shape)
 
 
-def exact_log_edges(div, x: _solver.Inputs, refine: float, *, from_logp: bool):
-    """Exact log-edges of prepared flat float64 inputs: the compiled scalar solver
+def _scalar_log_edges(div, x: _solver.Inputs, refine: float, *, from_logp: bool):
+    """Exact log-edges of prepared flat float64 inputs (the scalar twin of
+    :func:`fbands._refine.exact_log_edges`): the compiled scalar solver
     (:mod:`fbands._jit.scalar`), then the lower edges that float64 cannot resolve redone in
     extended precision (:func:`fbands._refine.refine_near_saturation`,
     above the error ``refine``), and the elements of a huge radius
@@ -152,7 +153,7 @@ def exact(div, p, delta, request: Request):
     x = NumpyInputs(p, delta, request)
     flat = Inputs(*(np.ascontiguousarray(a, dtype=np.float64).reshape(-1)
                     for a in (x.lp, x.lq, x.p, x.q, x.delta)))
-    lo, hi = exact_log_edges(div, flat, LAYOUTS[_layout(x.dtype)]["refine"],
+    lo, hi = _scalar_log_edges(div, flat, LAYOUTS[_layout(x.dtype)]["refine"],
                              from_logp=request.logp)
     return x.finish(lo.reshape(x.shape), hi.reshape(x.shape))
 
