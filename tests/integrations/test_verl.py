@@ -520,3 +520,22 @@ def test_bypass_mode_refuses_to_replace_a_band_loss():
     vanilla = OmegaConf.create({"loss_mode": "vanilla"})
     with pytest.raises(ValueError, match="rollout_log_probs"):
         rollout_corr_helper.apply_bypass_mode(batch, None, vanilla)
+
+
+def test_the_documented_clash_of_verl_and_trl_still_holds():
+    """docs/install.md and the verl guide say that verl's model builder imports TRL's
+    AutoModelForCausalLMWithValueHead whenever TRL is installed, and that TRL 1.16 has none:
+    this fails when either side changes, so that the pages follow."""
+    trl = pytest.importorskip("trl")
+    import importlib.util
+    import inspect
+    import warnings
+
+    from verl.models.transformers import monkey_patch
+
+    source = inspect.getsource(monkey_patch.apply_monkey_patch)
+    assert "is_trl_available()" in source and "AutoModelForCausalLMWithValueHead" in source
+    assert not hasattr(trl, "AutoModelForCausalLMWithValueHead")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (TRL warns on any import of trl.experimental)
+        assert importlib.util.find_spec("trl.experimental.ppo") is None

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,12 +20,20 @@ def load(name: str):
     return module
 
 
+def run(name: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """The example ``name`` in a process of its own (for those that change the libraries
+    they drive)."""
+    return subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py"), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=EXAMPLES.parent)
+
+
 def test_every_example_is_listed_and_tested():
     listed = (EXAMPLES / "README.md").read_text()
     tested = Path(__file__).read_text()
     for script in EXAMPLES.glob("*.py"):
         assert f"`{script.name}`" in listed, script.name
-        assert f'load("{script.stem}")' in tested, script.name
+        assert (f'load("{script.stem}")' in tested
+                or f'run("{script.stem}"' in tested), script.name
 
 
 def test_plain_loop_band_outgrows_clip_on_the_rare_token(capsys):
@@ -63,3 +74,29 @@ def test_verl_example_runs_verls_loss_and_refuses_a_bad_override():
     # (verl's dataclass conversion wraps the plug-in's error in Hydra's, message kept)
     with pytest.raises((FBandsError, InstantiationException), match="unknown divergence 'nope'"):
         example.main(["+actor_rollout_ref.actor.policy_loss.div=nope"])
+
+
+@pytest.mark.slow
+def test_verl_example_trains_in_verls_own_worker(tmp_path):
+    """verl's ActorRolloutRefWorker (FSDP2 over gloo) runs one actor update with the band on
+    a CPU, in this process's layout and in verl's Ray worker group of two ranks; data
+    parallelism over two ranks gives the update of one."""
+    pytest.importorskip("verl")
+    pytest.importorskip("ray")
+    radius = "+actor_rollout_ref.actor.policy_loss.delta=0.1"
+    found = {}
+    for name, extra in (("one", []), ("ray", ["--ray", "--world", "2"])):
+        done = run("verl_cpu_update", radius, "--json", str(tmp_path / f"{name}.json"), *extra)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert "ok: verl's own actor update trained with the band" in done.stdout
+        found[name] = json.loads((tmp_path / f"{name}.json").read_text())
+    one, ray = found["one"], found["ray"]
+    assert (one["ranks"], ray["ranks"]) == (1, 2) and ray["backend"] == "gloo"
+    assert one["loss"] == "fbands.integrations.verl.fbands_band_policy_loss"
+    assert one["band_calls"] == 2 and ray["band_calls"] == 2  # (a micro-batch each)
+    assert one["tensors_moved"] == one["tensors"] > 0
+    assert one["metrics"]["actor/band/delta"] == 0.1
+    assert one["metrics"]["actor/pg_clipfrac"] > 0  # the stale old policy is clipped
+    for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/band/band_width", "grad_norm"):
+        assert ray["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-5), key
+    assert ray["largest_move"] == pytest.approx(one["largest_move"], rel=1e-4)
