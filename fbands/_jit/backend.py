@@ -9,7 +9,8 @@ Three paths, which :func:`fbands._dispatch.plan` chooses between
   element), in parallel over the cores.
 * **table** (a float32 or float64 array with one scalar ``delta``, the usual case): the
   interpolation tables of the ``(divergence, delta)`` pair (:mod:`fbands.tables`), built
-  cell by cell as the data reaches them and cached, read by one pass
+  cell by cell as the data reaches them, their points solved by the same scalar form
+  (:data:`NUMBA_FILLER`), and cached, read by one pass
   (:func:`fbands._jit.table_kernels.table_pass`).
 * **closed-pass** (ratios of ``p`` with one scalar ``delta``, for divergences whose closed
   forms needed no squaring): the roots of the sympy polynomials, chosen and clamped
@@ -27,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-import numba  # noqa: F401  (the import error tells fbands that this backend is unusable)
+import numba  # (the import error tells fbands that this backend is unusable)
 import numpy as np
 
 from fbands import _solver
@@ -39,7 +40,7 @@ from fbands._jit.prims import BLOCK, unfinished
 from fbands._paths import CLOSED_PASS, EXACT, TABLE, Plan
 from fbands._refine import refine_near_saturation, solve_huge_radius
 from fbands._solver import LP_CLOSED, Inputs
-from fbands.tables.build import LAYOUTS, Table
+from fbands.tables.build import LAYOUTS, Filler, Table
 from fbands.tables.cache import TABLES
 from fbands.tables.layout import cell_count
 
@@ -66,7 +67,7 @@ def closed_pass(div, p, delta, request: Request):
     x, out_lo, out_hi = _flat(p)
     block_bad = np.empty(_blocks(x.size), dtype=np.int64)
     layout = _layout(p.dtype)
-    at_one = TABLES.at_one(div, d, layout, False)
+    at_one = TABLES.at_one(div, d, layout, False, NUMBA_FILLER)
     with threads.sized(x.size, "pass"):
         loader.kernels(div).closed_pass(x, d, math.exp(LP_CLOSED), at_one,
                                         LAYOUTS[layout]["small_edge"], out_lo, out_hi,
@@ -83,7 +84,7 @@ def table(div, p, delta, request: Request):
     x, out_lo, out_hi = _flat(p)
     closed = LP_CLOSED if logp else math.exp(LP_CLOSED)
     layout = _layout(p.dtype)
-    at_one = TABLES.at_one(div, d, layout, bool(log))
+    at_one = TABLES.at_one(div, d, layout, bool(log), NUMBA_FILLER)
 
     def reached(kbits: int) -> np.ndarray:
         touched = np.zeros(cell_count(kbits), dtype=np.uint8)
@@ -91,7 +92,7 @@ def table(div, p, delta, request: Request):
             table_kernels.touched_cells(x, bool(logp), kbits, closed, touched)
         return touched.view(bool)
 
-    ts = TABLES.reading_set(div, d, layout, reached)
+    ts = TABLES.reading_set(div, d, layout, reached, NUMBA_FILLER)
     idx = _read(ts.modes[bool(log)], x, logp, log, closed, at_one, out_lo, out_hi)
     return _finish(div, p, d, x, idx, out_lo, out_hi, request)
 
@@ -132,6 +133,21 @@ def _finish(div, p, d, x, idx, out_lo, out_hi, request: Request):
     return out_lo.reshape(p.shape), out_hi.reshape(p.shape)
 
 
+def _solve_arrays(div, x: _solver.Inputs):
+    """Log-edges of prepared flat float64 inputs by the compiled scalar solver alone."""
+    lo, hi = np.empty_like(x.lp), np.empty_like(x.lp)
+    with threads.sized(lo.size, "exact"):
+        loader.kernels(div).solve_arrays(x.lp, x.lq, x.p, x.q, x.delta, lo, hi)
+    return lo, hi
+
+
+#: The numba passes' tables are filled by the scalar solver that solves the elements they
+#: leave (so a radius's first call here costs a third of what numpy's solver would); the
+#: bits depend on the kernels' package (their code and the divergence's) and numba's version.
+NUMBA_FILLER = Filler("numba", _solve_arrays,
+                      lambda div: f"{loader.kernels(div).name} numba {numba.__version__}")
+
+
 def _scalar_log_edges(div, x: _solver.Inputs, refine: float, *, from_logp: bool):
     """Exact log-edges of prepared flat float64 inputs (the scalar twin of
     :func:`fbands._refine.exact_log_edges`): the compiled scalar solver
@@ -139,9 +155,7 @@ def _scalar_log_edges(div, x: _solver.Inputs, refine: float, *, from_logp: bool)
     extended precision (:func:`fbands._refine.refine_near_saturation`,
     above the error ``refine``), and the elements of a huge radius
     (:func:`fbands._refine.solve_huge_radius`)."""
-    lo, hi = np.empty_like(x.lp), np.empty_like(x.lp)
-    with threads.sized(lo.size, "exact"):
-        loader.kernels(div).solve_arrays(x.lp, x.lq, x.p, x.q, x.delta, lo, hi)
+    lo, hi = _solve_arrays(div, x)
     with np.errstate(all="ignore"):
         lo = refine_near_saturation(div, x, lo, from_logp=from_logp, above=refine)
         return solve_huge_radius(div, x, lo, hi, from_logp=from_logp)
@@ -181,14 +195,15 @@ def precompile(div, dtype: str) -> None:
             for log in (False, True):
                 path(div, x, AHEAD_DELTA, Request(logp=logp, log=log, invalid="nan",
                                                   check=False))
-    ts = TABLES.table_set(div, AHEAD_DELTA, _layout(ratios.dtype))
+    ts = TABLES.table_set(div, AHEAD_DELTA, _layout(ratios.dtype), NUMBA_FILLER)
     closed = math.exp(LP_CLOSED)
     table_kernels.touched_cells(ratios, False, ts.kbits, closed,
                                 np.zeros(ts.built.size, dtype=np.uint8))
     tab, out = ts.modes[False], np.empty_like(ratios)
     table_kernels.finish_exp_rows(ratios, np.arange(0, dtype=np.int64), False, tab.coef,
                                   tab.row_code, tab.cells_info, tab.kbits, closed,
-                                  TABLES.at_one(div, AHEAD_DELTA, _layout(ratios.dtype), False),
+                                  TABLES.at_one(div, AHEAD_DELTA, _layout(ratios.dtype), False,
+                                                NUMBA_FILLER),
                                   out, out.copy())
     loader.mark_ready(div, dtype)
 

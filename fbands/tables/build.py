@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -28,7 +30,7 @@ from fbands import _refine, _solver
 from fbands._state import STATE
 from fbands.tables import layout as L
 
-__all__ = ["LAYOUTS", "Table", "TableSet", "build_tables"]
+__all__ = ["LAYOUTS", "NUMPY_FILLER", "Filler", "Table", "TableSet", "build_tables"]
 
 #: Accuracy of the tables per output precision (their cells, :data:`.layout.KBITS`,
 #: follow from it): ``tol``, what a row must reach between its nodes (ratios: relative
@@ -76,10 +78,32 @@ class Table:
         return float(share.mean())
 
 
-def _solve_z(div, z: np.ndarray, high: np.ndarray, delta: float, refine: float):
-    """Exact log-edges at z = min(p, 1 - p) (``high``: z is 1 - p), keeping z exact, by the
-    array solver on numpy (the same edges as the numba backend's scalar form, to the bit
-    where they take the same branches, and one solver for every reader of the tables)."""
+@dataclass(frozen=True)
+class Filler:
+    """The exact solver that fills a table's points: ``solve(div, inputs)`` gives the
+    log-edges ``(lower, upper)`` of prepared flat float64 :class:`fbands._solver.Inputs`,
+    and ``tag(div)`` names everything its bits depend on beyond this package's code (part
+    of the disk cache's key).  Each path reads tables filled by its own exact solver, which
+    also solves the elements the tables leave, so that its answers never depend on which
+    solver a process met first."""
+
+    name: str
+    solve: Callable
+    tag: Callable[[object], str]
+
+
+def _numpy_edges(div, x: _solver.Inputs):
+    return _solver.solve(div, _solver.NUMPY, x)
+
+
+#: The array solver on numpy: what fills the tables the torch reader and the grids read.
+NUMPY_FILLER = Filler("numpy", _numpy_edges, lambda div: "")
+
+
+def _solve_z(div, z: np.ndarray, high: np.ndarray, delta: float, refine: float,
+             filler: Filler):
+    """Exact log-edges at z = min(p, 1 - p) (``high``: z is 1 - p), keeping z exact, by
+    ``filler``'s solver."""
     with np.errstate(all="ignore"):
         other = 1.0 - z
         lz, lother = np.log(z), np.log1p(-z)
@@ -87,7 +111,7 @@ def _solve_z(div, z: np.ndarray, high: np.ndarray, delta: float, refine: float):
         lp, lq = np.where(high, lother, lz), np.where(high, lz, lother)
         flat = [np.ascontiguousarray(a, dtype=np.float64).reshape(-1) for a in (lp, lq, p, q)]
         x = _solver.Inputs(*flat, np.full_like(flat[0], delta))
-        lo, hi = _solver.solve(div, _solver.NUMPY, x)
+        lo, hi = filler.solve(div, x)
         suspect = _refine.near_saturation(div, x, lo, refine)
         lo, hi = _refine.solve_huge_radius(div, x, lo, hi, from_logp=False)
     return lo.reshape(z.shape), hi.reshape(z.shape), lp, suspect.reshape(z.shape)
@@ -208,7 +232,8 @@ def _fitter(layout: str) -> _Fitter:
 _FITTERS = STATE.memo("table fitters", "the least-squares fit of each table layout")
 
 
-def _cell_rows(div, delta: float, layout: str, cells: np.ndarray, first_row: int):
+def _cell_rows(div, delta: float, layout: str, cells: np.ndarray, first_row: int,
+               filler: Filler):
     """The rows of table cells ``cells`` (indices into ``cells_info``, no catch-all cell):
     ``({log: (coef, code)}, info)``, the rows numbered from ``first_row`` on.
 
@@ -234,7 +259,7 @@ def _cell_rows(div, delta: float, layout: str, cells: np.ndarray, first_row: int
         on_high = np.broadcast_to(np.repeat(high[left], nsub)[:, None], z.shape)
         # A whole cell's row fits r itself or goes to subrows: an exp per element costs
         # the pass more than subrows cost the build (see ROW_EXP_LO).
-        sub = fit(*_solve_z(div, z, on_high, delta, refine), allow_exp=bits > 0)
+        sub = fit(*_solve_z(div, z, on_high, delta, refine, filler), allow_exp=bits > 0)
         last = level == len(L.SUBBITS) - 1
         if last:
             keep = np.ones(left.size, dtype=bool)
@@ -257,6 +282,8 @@ class TableSet:
     """Both modes' tables (log-edges and ratios) of one divergence at one radius in one
     layout, built cell by cell as the data reaches them.
 
+    ``filler`` (:class:`Filler`) is the exact solver its points come from.
+
     Row 0 is an exact row (its elements go to the exact solver): every cell points at it
     until it is built, and the two catch-all cells for good.  :meth:`cover` builds the
     cells that given elements fall in, :meth:`complete` all of them; either publishes new
@@ -270,8 +297,8 @@ class TableSet:
     a call answers with the same bits whatever was built before.
     """
 
-    def __init__(self, div, delta: float, layout: str):
-        self.div, self.delta, self.layout = div, float(delta), layout
+    def __init__(self, div, delta: float, layout: str, filler: Filler = NUMPY_FILLER):
+        self.div, self.delta, self.layout, self.filler = div, float(delta), layout, filler
         self.kbits = LAYOUTS[layout]["kbits"]
         n = L.cell_count(self.kbits)
         self.built = np.zeros(n, dtype=bool)
@@ -312,7 +339,8 @@ class TableSet:
             if not cells.size:
                 return False
             first = self._rows[True][0].shape[0]
-            rows, info_new = _cell_rows(self.div, self.delta, self.layout, cells, first)
+            rows, info_new = _cell_rows(self.div, self.delta, self.layout, cells, first,
+                                        self.filler)
             for log, (coef, code) in rows.items():
                 old_coef, old_code = self._rows[log]
                 self._rows[log] = (np.concatenate((old_coef, coef)),
@@ -324,9 +352,10 @@ class TableSet:
             return True
 
     @classmethod
-    def from_tables(cls, div, delta: float, layout: str, found: dict[bool, Table]):
+    def from_tables(cls, div, delta: float, layout: str, found: dict[bool, Table],
+                    filler: Filler = NUMPY_FILLER):
         """A complete set from stored tables (:mod:`.store`)."""
-        out = cls(div, delta, layout)
+        out = cls(div, delta, layout, filler)
         out._rows = {log: (t.coef.reshape(-1, L.ROW), t.row_code)
                      for log, t in found.items()}
         out.built[:] = True
@@ -334,8 +363,9 @@ class TableSet:
         return out
 
 
-def build_tables(div, delta: float, layout: str = "float64") -> dict[bool, Table]:
+def build_tables(div, delta: float, layout: str = "float64",
+                 filler: Filler = NUMPY_FILLER) -> dict[bool, Table]:
     """Build and validate every cell of the tables of ``div`` at ``delta``: ``{log: Table}``
     for log-edges (``True``) and ratios (``False``); see :class:`TableSet` and
     :mod:`.layout`."""
-    return TableSet(div, delta, layout).complete()
+    return TableSet(div, delta, layout, filler).complete()

@@ -1,7 +1,8 @@
 """The band tables this process holds: one cache object for every reader.
 
-:data:`TABLES` keeps, per ``(divergence, delta, layout)``, the :class:`~.build.TableSet`
-that the numba passes read (built cell by cell as data reaches it), the complete tables
+:data:`TABLES` keeps, per ``(divergence, delta, layout, filler)``, the
+:class:`~.build.TableSet` that the numba passes read (built cell by cell as data reaches it,
+its points solved by numba's exact solver: :class:`~.build.Filler`), the complete tables
 that the torch reader copies to a device (loaded from :mod:`.store` when an earlier process
 stored them, else built and stored), their copies on each device, and the lower edge at
 ``p = 1`` the passes need.  At most :data:`MAX_TABLES` sets are kept; the least recently
@@ -25,7 +26,7 @@ from fbands import _notice, _solver
 from fbands._state import STATE
 from fbands.errors import BandError
 from fbands.tables import layout, store
-from fbands.tables.build import LAYOUTS, Table, TableSet
+from fbands.tables.build import LAYOUTS, NUMPY_FILLER, Filler, Table, TableSet
 
 __all__ = ["COMPLETION", "MAX_TABLES", "TABLES", "TableCache"]
 
@@ -46,8 +47,10 @@ COMPLETION = {
 
 
 class TableCache:
-    """Table sets keyed by ``(divergence, delta, layout)``, and what hangs off each: its
-    device copies (keyed by device as well) and its limit at ``p = 1`` (by output kind).
+    """Table sets keyed by ``(divergence, delta, layout, filler)``, and what hangs off each:
+    its device copies (keyed by device as well) and its limit at ``p = 1`` (by output kind).
+    The filler (:class:`~.build.Filler`) is the exact solver of the path that reads the
+    set: numpy's by default (the torch reader, the grids), numba's for the numba passes.
 
     ``completion`` is the table-completion policy, a key of :data:`COMPLETION`.  A cell's
     rows depend on that cell alone, so the policy decides the work, never the bits."""
@@ -72,16 +75,17 @@ class TableCache:
         return len(self._sets)
 
     @staticmethod
-    def _key(div, delta: float, layout_name: str) -> tuple:
-        return div.key, float(delta), layout_name
+    def _key(div, delta: float, layout_name: str, filler: Filler) -> tuple:
+        return div.key, float(delta), layout_name, filler.name
 
-    def table_set(self, div, delta: float, layout_name: str = "float64") -> TableSet:
+    def table_set(self, div, delta: float, layout_name: str = "float64",
+                  filler: Filler = NUMPY_FILLER) -> TableSet:
         """The :class:`TableSet` of ``div`` at ``delta`` (nothing built yet when new)."""
-        key = self._key(div, delta, layout_name)
+        key = self._key(div, delta, layout_name, filler)
         with self._lock:
             found = self._sets.get(key)
             if found is None:
-                found = self._put(key, TableSet(div, delta, layout_name))
+                found = self._put(key, TableSet(div, delta, layout_name, filler))
             self._sets.move_to_end(key)
             return found
 
@@ -94,38 +98,42 @@ class TableCache:
         return ts
 
     def reading_set(self, div, delta: float, layout_name: str,
-                    reached: Callable[[int], np.ndarray]) -> TableSet:
+                    reached: Callable[[int], np.ndarray],
+                    filler: Filler = NUMPY_FILLER) -> TableSet:
         """The set a reading call of ``div`` at ``delta`` reads, built as the policy
         (:attr:`completion`) says: complete, or with at least the cells that
         ``reached(kbits)`` (a boolean mask of the cells the call's data falls in) marks."""
-        ts = self.table_set(div, delta, layout_name)
+        ts = self.table_set(div, delta, layout_name, filler)
         if ts.is_complete:
             return ts
-        key = self._key(div, delta, layout_name)
+        key = self._key(div, delta, layout_name, filler)
         with self._lock:
             derived = self._derived.setdefault(key, {})
             returning = derived.get("read", False)
             derived["read"] = True
         if returning or self.completion == "first-call":
-            return self.complete_set(div, delta, layout_name)
+            return self.complete_set(div, delta, layout_name, filler)
         ts.cover(reached(ts.kbits))
         return ts
 
-    def complete(self, div, delta: float, layout_name: str = "float64") -> dict[bool, Table]:
+    def complete(self, div, delta: float, layout_name: str = "float64",
+                 filler: Filler = NUMPY_FILLER) -> dict[bool, Table]:
         """The complete tables of ``div`` at ``delta`` (``{log: Table}``): see
         :meth:`complete_set`."""
-        return self.complete_set(div, delta, layout_name).modes
+        return self.complete_set(div, delta, layout_name, filler).modes
 
-    def complete_set(self, div, delta: float, layout_name: str = "float64") -> TableSet:
+    def complete_set(self, div, delta: float, layout_name: str = "float64",
+                     filler: Filler = NUMPY_FILLER) -> TableSet:
         """The set of ``div`` at ``delta`` with every cell built: from the private cache
         when an earlier process stored it, else completed from the cells built so far (or
         from none) and stored, so that the next process reads it."""
-        ts = self.table_set(div, delta, layout_name)
+        ts = self.table_set(div, delta, layout_name, filler)
         if ts.is_complete:
             return ts
         kbits = LAYOUTS[layout_name]["kbits"]
         k = store.key(repr(div.derivation), delta,
-                      f"{layout_name} {sorted(LAYOUTS[layout_name].items())}")
+                      f"{layout_name} {sorted(LAYOUTS[layout_name].items())} "
+                      f"{filler.name} {filler.tag(div)}")
         found = store.load(k, kbits, layout.cell_count(kbits), layout.ROW, Table)
         if found is None:
             _notice.notice(f"building the complete band tables of divergence {div.name!r} at "
@@ -134,8 +142,8 @@ class TableCache:
             store.store(k, ts.complete())
             return ts
         with self._lock:
-            return self._put(self._key(div, delta, layout_name),
-                             TableSet.from_tables(div, delta, layout_name, found))
+            return self._put(self._key(div, delta, layout_name, filler),
+                             TableSet.from_tables(div, delta, layout_name, found, filler))
 
     def grid(self, div, delta: float, dtype: str, *, wait: bool = True):
         """The :class:`~.grid.Grid` of ``div`` at ``delta`` for ``dtype``: kept with the
@@ -147,7 +155,7 @@ class TableCache:
         schedule's) costs no build."""
         from fbands.tables.grid import GRIDS, build_grid
 
-        key = self._key(div, delta, dtype)
+        key = self._key(div, delta, dtype, NUMPY_FILLER)
         self.table_set(div, delta, dtype)  # (the set the grid is kept with)
         with self._lock:
             derived = self._derived.setdefault(key, {})
@@ -179,14 +187,14 @@ class TableCache:
         """Whether a request with ``wait=False`` put off building this grid, and none has
         been built since."""
         with self._lock:
-            derived = self._derived.get(self._key(div, delta, dtype), {})
+            derived = self._derived.get(self._key(div, delta, dtype, NUMPY_FILLER), {})
             return bool(derived.get("grid_deferred")) and "grid" not in derived
 
     def on_device(self, div, delta: float, layout_name: str, log: bool, table: Table,
                   device, to_device):
         """``to_device(table)`` for ``device``, made once per published table (a set that
         gains cells publishes a new one) and kept while its set is."""
-        key = self._key(div, delta, layout_name)
+        key = self._key(div, delta, layout_name, NUMPY_FILLER)
         with self._lock:
             derived = self._derived.setdefault(key, {})
             found = derived.get(("device", log, device))
@@ -194,17 +202,18 @@ class TableCache:
                 found = derived[("device", log, device)] = (table, to_device(table))
             return found[1]
 
-    def at_one(self, div, delta: float, layout_name: str, log: bool) -> float:
+    def at_one(self, div, delta: float, layout_name: str, log: bool,
+               filler: Filler = NUMPY_FILLER) -> float:
         """The lower edge at ``p = 1`` (``log``: its log) by the array solver: the limit the
         passes store there (:meth:`fbands.Divergence.lower_limit_at_one`), kept with the
-        set of ``layout_name``."""
-        key = self._key(div, delta, layout_name)
+        set of ``layout_name`` and ``filler``."""
+        key = self._key(div, delta, layout_name, filler)
         with self._lock:
             derived = self._derived.get(key)
             if derived is not None and ("at_one", log) in derived:
                 return derived[("at_one", log)]
         value = _solver.lower_limit_at_one(div, delta, log=log)
-        self.table_set(div, delta, layout_name)  # (the set the value is kept with)
+        self.table_set(div, delta, layout_name, filler)  # (the set the value is kept with)
         with self._lock:
             self._derived.setdefault(key, {})[("at_one", log)] = value
         return value
@@ -213,4 +222,4 @@ class TableCache:
 #: The process's tables.
 TABLES = TableCache()
 STATE.adopt("tables", TABLES, "band tables, grids and their device copies, by (divergence "
-            "key, delta, layout)")
+            "key, delta, layout, filler)")

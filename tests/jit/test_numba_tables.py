@@ -271,6 +271,11 @@ def test_tables_are_cached_per_divergence_delta_and_layout():
     assert TABLES.complete(d, 0.05, "float32") is a
     assert TABLES.complete(d, 0.05, "float64") is not a
     assert TABLES.complete(d, 0.06, "float32") is not a
+    # the numba passes read tables filled by their own exact solver
+    from fbands._jit.backend import NUMBA_FILLER
+
+    b = TABLES.complete(d, 0.05, "float32", NUMBA_FILLER)
+    assert b is not a and TABLES.complete(d, 0.05, "float32", NUMBA_FILLER) is b
 
 
 # slow: 20-170 s a divergence (torch solving 1500 points four ways); the quick loop reads

@@ -41,7 +41,7 @@ def test_a_new_radius_builds_the_cells_its_data_reaches(fresh, div, user_diverge
     rng = np.random.default_rng(1)
     p = np.exp(rng.uniform(np.log(1e-3), np.log(0.2), 5000))  # a few binades only
     got = fbands.log_bounds(p, delta, div, backend="numba")
-    ts = TABLES.table_set(d, delta, "float64")
+    ts = TABLES.table_set(d, delta, "float64", nb.NUMBA_FILLER)
     n_built = int(ts.built.sum())
     assert 2 < n_built < ts.built.size // 10
     for g, w in zip(got, _exact(p, delta, div, log=True), strict=True):
@@ -65,13 +65,13 @@ def test_a_new_radius_builds_the_cells_its_data_reaches(fresh, div, user_diverge
 
 def test_a_cell_built_alone_equals_the_complete_tables(fresh):
     d = fbands.get("kl")
-    ts = TABLES.table_set(d, 0.05, "float32")
+    ts = TABLES.table_set(d, 0.05, "float32", nb.NUMBA_FILLER)
     p = np.linspace(0.3, 0.31, 100).astype(np.float32)
     touched = np.zeros(ts.built.size, dtype=np.uint8)
     kernels.touched_cells(p, False, ts.kbits, 0.0, touched)
     ts.cover(touched.view(bool))
     partial = ts.modes
-    full = TableSet(d, 0.05, "float32").complete()
+    full = TableSet(d, 0.05, "float32", nb.NUMBA_FILLER).complete()
     out = {}
     for name, tabs in (("partial", partial), ("full", full)):
         tab = tabs[True]
@@ -93,7 +93,7 @@ def test_a_radius_that_comes_back_gets_every_cell(fresh):
     p = np.exp(rng.uniform(np.log(1e-6), np.log(1e-3), 20000))  # KL's r_lo ~ exp(-delta/p)
     want = _exact(p, delta, "kl")
     got = fbands.bounds(p, delta, "kl", backend="numba")
-    ts = TABLES.table_set(d, delta, "float64")
+    ts = TABLES.table_set(d, delta, "float64", nb.NUMBA_FILLER)
     assert not ts.is_complete
     code = ts.modes[False].row_code
     assert np.any(code & _table_layout.ROW_EXP_LO)
@@ -101,7 +101,7 @@ def test_a_radius_that_comes_back_gets_every_cell(fresh):
         assert np.all(np.abs(g - w) <= np.maximum(1e-12 * w, np.spacing(w)))
     other = 1.0 - np.exp(rng.uniform(np.log(1e-9), np.log(1e-2), 2000))  # cells not built
     got = fbands.bounds(other, delta, "kl", backend="numba")
-    ts = TABLES.table_set(d, delta, "float64")
+    ts = TABLES.table_set(d, delta, "float64", nb.NUMBA_FILLER)
     assert ts.is_complete
     for g, w in zip(got, _exact(other, delta, "kl"), strict=True):
         assert np.all(np.abs(g - w) <= np.maximum(1e-12 * w, np.spacing(w)))
@@ -116,7 +116,7 @@ def test_a_radius_that_comes_back_gets_every_cell(fresh):
         fbands.bounds(p[:10], delta, "kl", backend="numba")
     finally:
         TableSet._add = built
-    assert TABLES.table_set(d, delta, "float64").is_complete
+    assert TABLES.table_set(d, delta, "float64", nb.NUMBA_FILLER).is_complete
 
 
 @pytest.mark.parametrize("logp", [False, True])
