@@ -460,22 +460,9 @@ def solve(div: Divergence, xp, inputs: Inputs, *, fixed_iter=None, tiny=None, at
 # ----------------------------------------------------------------------------- numpy
 
 #: The array namespace the generated kernels and the solver are bound to.
-NAMESPACE = {
-    "exp": np.exp,
-    "expm1": np.expm1,
-    "log": np.log,
-    "log1p": np.log1p,
-    "sqrt": np.sqrt,
-    "sinh": np.sinh,
-    "cosh": np.cosh,
-    "tanh": np.tanh,
-    "sign": np.sign,
-    "abs": np.abs,
-    "where": np.where,
-    "minimum": np.minimum,
-    "maximum": np.maximum,
-    "isfinite": np.isfinite,
-}
+NAMESPACE = {name: getattr(np, name) for name in (
+    "exp", "expm1", "log", "log1p", "sqrt", "sinh", "cosh", "tanh", "sign", "abs", "where",
+    "minimum", "maximum", "isfinite")}
 
 
 class Namespace:
@@ -489,11 +476,15 @@ class Namespace:
 NUMPY = Namespace(NAMESPACE)
 
 
+def at_one(delta: float) -> Inputs:
+    """The inputs of one element at ``p = 1``: a solver gives its lower edge's limit there."""
+    return Inputs(np.zeros(1), np.full(1, math.log(Q_FLOOR)), np.ones(1), np.full(1, Q_FLOOR),
+                  np.full(1, float(delta)))
+
+
 def lower_limit_at_one(div: Divergence, delta: float, *, log: bool = False) -> float:
     """``lim_{p -> 1}`` of the lower edge (see :meth:`fbands.Divergence.lower_limit_at_one`;
     ``log``: its log), by the array solver on numpy at ``p = 1``."""
-    x = Inputs(np.zeros(1), np.full(1, math.log(Q_FLOOR)), np.ones(1), np.full(1, Q_FLOOR),
-               np.full(1, float(delta)))
     with np.errstate(all="ignore"):
-        s_lo, _ = solve(div, NUMPY, x)
+        s_lo, _ = solve(div, NUMPY, at_one(delta))
     return float(s_lo[0]) if log else float(np.exp(s_lo[0]))

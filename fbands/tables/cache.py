@@ -204,15 +204,17 @@ class TableCache:
 
     def at_one(self, div, delta: float, layout_name: str, log: bool,
                filler: Filler = NUMPY_FILLER) -> float:
-        """The lower edge at ``p = 1`` (``log``: its log) by the array solver: the limit the
-        passes store there (:meth:`fbands.Divergence.lower_limit_at_one`), kept with the
+        """The lower edge at ``p = 1`` (``log``: its log) by ``filler``'s solver: the limit
+        the passes store there (:meth:`fbands.Divergence.lower_limit_at_one`), kept with the
         set of ``layout_name`` and ``filler``."""
         key = self._key(div, delta, layout_name, filler)
         with self._lock:
             derived = self._derived.get(key)
             if derived is not None and ("at_one", log) in derived:
                 return derived[("at_one", log)]
-        value = _solver.lower_limit_at_one(div, delta, log=log)
+        with np.errstate(all="ignore"):
+            s_lo = float(filler.solve(div, _solver.at_one(delta))[0][0])
+        value = s_lo if log else float(np.exp(s_lo))
         self.table_set(div, delta, layout_name, filler)  # (the set the value is kept with)
         with self._lock:
             self._derived.setdefault(key, {})[("at_one", log)] = value

@@ -110,7 +110,7 @@ def test_a_complete_table_build_says_so_a_load_is_silent(monkeypatch, notices):
     monkeypatch.setattr(store, "load", lambda k, *a: stored.get(k))
     monkeypatch.setattr(store, "store", lambda k, t: stored.setdefault(k, t) is t)
     monkeypatch.setattr(table_cache.TableSet, "from_tables",
-                        classmethod(lambda cls, div, delta, lay, found:
+                        classmethod(lambda cls, div, delta, lay, found, filler:
                                     SimpleNamespace(found=found)))
     tables = table_cache.TableCache()
     tables.complete_set(kl, 0.05, "float32")
