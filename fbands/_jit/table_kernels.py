@@ -153,24 +153,32 @@ def block(x, start, stop, logp, want_log, exp_rows, coef, row_code, cells_info, 
 
 
 @njit(parallel=True, **OPTS)
-def table_pass(x, logp, want_log, coef, row_code, cells_info, kbits, closed, at_one, out_lo,
-               out_hi, block_bad):
+def table_pass(x, logp, want_log, exp_rows, coef, row_code, cells_info, kbits, closed, at_one,
+               out_lo, out_hi, block_bad):
     """Band edges of a flat array for one scalar delta, from a (divergence, delta) table.
 
     ``x``: p (or log p when ``logp``); ``want_log``: write log-edges, else ratios;
+    ``exp_rows``: finish the rows whose lower edge is an exponential in this pass (an exp
+    per element), else leave them (:func:`finish_exp_rows` takes them after);
     ``coef``, ``row_code``, ``cells_info``, ``kbits``: the table (:mod:`.layout`).
     ``closed``: p (> 0; or log p) below which the shared solver's tail forms take over:
     those elements, like invalid ones, are left to the exact solver.  ``at_one``: the
     lower edge (or its log) at p = 1, the limit of the shared solver.  ``block_bad[b]``:
     how many elements of block ``b`` are left (see :func:`unfinished`): rows marked exact
-    or exp (:func:`finish_exp_rows` takes those first), invalid input, tails.
+    (or exp, without ``exp_rows``), invalid input, tails.
     """
     n = x.size
     for blk in prange(block_bad.size):
         start = blk * BLOCK
         stop = min(start + BLOCK, n)
-        if logp:
+        if logp and exp_rows:
+            bad = block(x, start, stop, True, want_log, True, coef, row_code, cells_info,
+                        kbits, closed, at_one, out_lo, out_hi)
+        elif logp:
             bad = block(x, start, stop, True, want_log, False, coef, row_code, cells_info,
+                        kbits, closed, at_one, out_lo, out_hi)
+        elif exp_rows:
+            bad = block(x, start, stop, False, want_log, True, coef, row_code, cells_info,
                         kbits, closed, at_one, out_lo, out_hi)
         else:
             bad = block(x, start, stop, False, want_log, False, coef, row_code, cells_info,

@@ -130,7 +130,7 @@ def _left_to_the_exact_solver(x, delta, div, *, logp, log):
     lo, hi = np.empty_like(x), np.empty_like(x)
     bad = np.empty(-(-x.size // _table_kernels.BLOCK), np.int64)
     closed = LP_CLOSED if logp else math.exp(LP_CLOSED)
-    _table_kernels.table_pass(x, logp, log, tab.coef, tab.row_code, tab.cells_info,
+    _table_kernels.table_pass(x, logp, log, False, tab.coef, tab.row_code, tab.cells_info,
                               tab.kbits, closed, 0.5, lo, hi, bad)
     idx = _table_kernels.unfinished(lo, bad)
     left = _table_kernels.finish_exp_rows(x, idx, logp, tab.coef, tab.row_code,
@@ -327,3 +327,30 @@ def test_probability_one_takes_its_limit_in_the_fast_passes(monkeypatch):
                     assert np.all(g == np.asarray(w, dtype=g.dtype)), (div, log, logp)
                 if log:
                     assert not np.signbit(got[1]).any()
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_rows_of_exponentials_give_the_same_bits_in_either_pass(dtype):
+    """KL's lower edge on p in [3e-4, 3e-2) reads rows that give it as an exponential; in a
+    large array where many elements do, the pass takes their exp itself, in a small one a
+    second pass takes them: each element gets the same bits either way, and the 60-digit
+    edge."""
+    rng = np.random.default_rng(5)
+    p = (10.0 ** rng.uniform(-3.5, -1.5, 1 << 15)).astype(dtype)
+    d = fbands.get("kl")
+    fbands.bounds(p[:10], 0.05, "kl", backend="numba")  # (builds and completes the tables)
+    fbands.bounds(p[:10], 0.05, "kl", backend="numba")
+    tab = TABLES.complete(d, 0.05, p.dtype.name, numba_backend.NUMBA_FILLER)[False]
+    closed = math.exp(LP_CLOSED)
+    assert numba_backend._exp_share(tab, p, False, closed) > numba_backend.EXP_PASS_FROM
+    whole = fbands.bounds(p, 0.05, "kl", backend="numba")
+    step = 16 * numba_backend.EXP_SAMPLE - 1  # (too small to look: the second pass)
+    parts = [fbands.bounds(p[i:i + step], 0.05, "kl", backend="numba")
+             for i in range(0, p.size, step)]
+    for k in (0, 1):
+        np.testing.assert_array_equal(whole[k], np.concatenate([q[k] for q in parts]))
+    for i in rng.choice(p.size, 4, replace=False):
+        for got, want in zip((whole[0][i], whole[1][i]),
+                             ref.edges(ref.GENERATORS["kl"], float(p[i]), 0.05), strict=True):
+            want = dtype(float(want))  # (float32: the lower edge may round to 0)
+            assert abs(float(got) - float(want)) <= 1e-12 * float(want) + np.spacing(want)
