@@ -12,7 +12,7 @@ every choice is a select, and the exponentials and logarithms it needs are the
 polynomials of :mod:`fbands._jit.vmath`.  An element the pass
 cannot finish gets a nan lower edge and counts in its block's tally (:data:`BLOCK`
 elements a block): rows whose lower edge is an exponential (:func:`finish_exp_rows`
-completes those), and, for the caller to solve exactly, rows marked exact, invalid
+completes those, unless the pass was asked to), and, for the caller to solve exactly, rows marked exact, invalid
 input, ``log p = -inf`` and ``log p`` below ``LP_CLOSED`` (the shared solver's tail
 forms).  ``p == 1``, common in float32 log-softmax output, takes its limit
 ``(at_one, 1)`` without a row.
@@ -121,7 +121,8 @@ LEFT = ROW_EXACT | ROW_EXP_LO
 # the loop costs as much).  Rows whose lower edge is exp of its polynomial (ROW_EXP_LO)
 # are left like exact rows by the pass (``exp_rows=False``: an exp per element in the
 # loop would cost every element a third more, for the few that read such a row), and
-# finish_exp_rows runs the same loop on those elements alone with ``exp_rows=True``.
+# finish_exp_rows runs the same loop on those elements alone with ``exp_rows=True``; where
+# many elements read such rows, the caller runs the pass itself with ``exp_rows=True``.
 
 
 @njit(**INLINE)
