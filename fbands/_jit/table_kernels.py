@@ -12,9 +12,9 @@ every choice is a select, and the exponentials and logarithms it needs are the
 polynomials of :mod:`fbands._jit.vmath`.  An element the pass
 cannot finish gets a nan lower edge and counts in its block's tally (:data:`BLOCK`
 elements a block): rows whose lower edge is an exponential (:func:`finish_exp_rows`
-completes those, unless the pass was asked to), and, for the caller to solve exactly, rows marked exact, invalid
-input, ``log p = -inf`` and ``log p`` below ``LP_CLOSED`` (the shared solver's tail
-forms).  ``p == 1``, common in float32 log-softmax output, takes its limit
+completes those, unless the pass was asked to), and, for the caller to solve exactly,
+rows marked exact, invalid input, ``log p = -inf`` and ``log p`` below ``LP_CLOSED`` (the
+shared solver's tail forms).  ``p == 1``, common in float32 log-softmax output, takes its limit
 ``(at_one, 1)`` without a row.
 """
 
