@@ -141,6 +141,13 @@ def refine_near_saturation(
                                          above=above)
     if not suspect.any():
         return s_lo
+    return _refine_mpmath(div, x, s_lo, suspect, from_logp=from_logp, digits=digits)
+
+
+def _refine_mpmath(div, x: Inputs, s_lo, suspect, *, from_logp: bool, digits: int = 40):
+    """The lower edges ``suspect`` solved again with mpmath (see
+    :func:`refine_near_saturation`): whether the edge is 0 at all, then secant steps from
+    ``s_lo``."""
     import mpmath as mp
 
     f = div.mpmath_f
@@ -253,10 +260,34 @@ def solve_huge_radius(div, x: Inputs, s_lo, s_hi, *, from_logp: bool):
     if from_logp:  # p and q again from log p, with the extended type's digits
         p, q = np.exp(lp), -np.expm1(lp)
         lq = np.log(q)
+    xe = Inputs(lp, lq, p, q, delta)
     with np.errstate(all="ignore"):
-        lo, hi = solve(div, xp_extended, Inputs(lp, lq, p, q, delta), closed_forms=False)
+        lo, hi = solve(div, xp_extended, xe, closed_forms=False)
+        doubt = _unresolved(div, xe, lo)
     s_lo[huge], s_hi[huge] = lo.astype(np.float64), hi.astype(np.float64)
+    if doubt.any():  # next to saturation, where even the extended digits are too few
+        suspect = np.zeros(huge.shape, dtype=bool)
+        suspect[huge] = doubt
+        s_lo = _refine_mpmath(div, x, s_lo, suspect, from_logp=from_logp)
     return s_lo, s_hi
+
+
+def _unresolved(div, xe: Inputs, s_lo):
+    """Mask of the lower edges ``s_lo`` found in :data:`EXTENDED` precision that it cannot
+    resolve: next to saturation, where the root's error bound (:func:`_root_error`) passes
+    :data:`REFINE_ABOVE`, or saturated with ``g(0)`` within rounding of ``delta`` (the
+    test of :func:`near_saturation`, in the extended type)."""
+    fun = BandFunction(div, xp_extended, xe)
+    g0_r, g0_c = fun.zero_terms()
+    g0 = g0_r + g0_c
+    close = (s_lo < math.log(SMALL_EDGE)) & (np.abs(g0 - xe.delta)
+                                             <= CLOSE_TO_SATURATION * xe.delta)
+    close &= xe.lp < 0
+    if not close.any():
+        return close
+    bound = _root_error(fun, np.where(close & np.isfinite(s_lo), s_lo, -1.0))
+    tie = np.abs(g0 - xe.delta) <= 8 * np.finfo(EXTENDED).eps * (np.abs(g0_r) + np.abs(g0_c))
+    return close & np.where(np.isfinite(s_lo), ~(bound <= REFINE_ABOVE), tie)
 
 
 def exact_log_edges(div, x: Inputs, *, from_logp: bool):

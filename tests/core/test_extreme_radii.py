@@ -233,3 +233,36 @@ def test_a_steep_generator_next_to_p_1_gives_the_lower_edge(a, backend):
         for i, lp in enumerate(lps):
             want = _lower_next_to_one(f, lp, delta)
             assert lo[i] == pytest.approx(float(want), rel=1e-12), (delta, lp, lo[i])
+
+
+@pytest.mark.skipif(not extended_has_range(), reason="no extended exponent range here")
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_chi2_saturation_ties_at_huge_radii(backend):
+    """chi2 at log p = -q (p within 1e-61 .. 1e-300 of 1): g(p, r) = (1 - r)^2 p / q, so the
+    lower edge is 1 - sqrt(delta q / p) and saturates at delta = p / q, a radius above 1e60.
+    Within a few ulps of that tie the edge is about 1e-17 and its log is decided by digits
+    beyond the extended type's (they were off by up to 0.5): every log-edge is within 1e-12
+    of the 80-digit value, and -inf exactly where the edge is 0."""
+    checked = 0
+    for k in (61, 150, 300):
+        lp = -(10.0 ** -k)
+        with mp.workdps(80):
+            p, q = mp.exp(mp.mpf(lp)), -mp.expm1(mp.mpf(lp))
+            tie = float(p / q)
+            radii = [tie]
+            for direction in (math.inf, 0.0):
+                d = tie
+                for _ in range(3):
+                    d = float(np.nextafter(d, direction))
+                    radii.append(d)
+            for delta in radii:
+                want = 1 - mp.sqrt(mp.mpf(delta) * q / p)
+                lo, _ = fbands.log_bounds(np.full(3, lp), delta, "chi2", logp=True,
+                                          backend=backend)
+                if want <= 0:
+                    assert lo[0] == -math.inf, (k, delta)
+                else:
+                    assert abs(mp.mpf(float(lo[0])) - mp.log(want)) <= 1e-12 * abs(
+                        mp.log(want)), (k, delta, lo[0])
+                checked += 1
+    assert checked == 21

@@ -2,6 +2,7 @@
 
 P6: lower edges at and next to the radius where they saturate at r = 0 (g(p, 0) = delta).
 P7: valid but huge radii (1e10 ... the largest float).
+P16: tv's edges at and next to their thresholds.
 
 The truth is tests/reference.py (60-digit mpmath), never the code's own output.
 """
@@ -335,3 +336,37 @@ def test_restarts_schedule_is_finite_and_between_its_radii(start, end, total, t0
             value = schedule(step)
             assert math.isfinite(value), (text, step, value)
             assert min(start, end) <= value <= max(start, end), (text, step, value)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba", "torch"])
+def test_p16_tv_edges_at_and_next_to_their_thresholds(backend):
+    """P16: tv's band is [max(1 - delta/p, 0), min(1 + delta/p, 1/p)], with a threshold at
+    p = delta (lower) and p = 1 - delta (upper); at and within 3 ulps of each, in float64,
+    ratios and log-edges, in a batch large enough for the tables, every edge is within
+    1e-13 of the 60-digit value (the probe reported 1e-10 at one such threshold)."""
+    if backend == "torch":
+        torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(16)
+    for delta in (1e-3, 0.05, 0.0625, 0.3, 0.5, 0.7):
+        ps = [t + k * np.spacing(t) for t in (delta, 1.0 - delta) for k in range(-3, 4)]
+        ps = np.array([p for p in ps if 0 < p < 1])
+        batch = np.concatenate([ps, rng.uniform(0.01, 0.99, 1 << 16)])
+        for log in (False, True):
+            fn = fbands.log_bounds if log else fbands.bounds
+            if backend == "torch":
+                lo, hi = (t.numpy() for t in fn(torch.from_numpy(batch), delta, "tv",
+                                                backend="torch"))
+            else:
+                lo, hi = fn(batch, delta, "tv", backend=backend)
+            with mp.workdps(60):
+                for i, p in enumerate(ps):
+                    P, D = mp.mpf(float(p)), mp.mpf(delta)
+                    edges = (max(1 - D / P, mp.mpf(0)), min(1 + D / P, 1 / P))
+                    for got, want in zip((lo[i], hi[i]), edges, strict=True):
+                        if log:
+                            want = mp.log(want) if want > 0 else -mp.inf
+                        if mp.isinf(want):
+                            assert got == -math.inf, (delta, p, log)
+                        else:
+                            assert abs(mp.mpf(float(got)) - want) <= 1e-13 * abs(want), (
+                                delta, p, log, got)
