@@ -28,8 +28,9 @@ SMALL_EDGE, CLOSE_TO_SATURATION = 1e-3, 1e-2
 REFINE_ABOVE = 1e-14
 
 
-def near_saturation(div, x: Inputs, s_lo, above: float = REFINE_ABOVE):
-    """Mask of the lower edges that float64 cannot resolve (see :func:`refine_near_saturation`).
+def near_saturation(div, x: Inputs, s_lo, above: float = REFINE_ABOVE, namespace=xp):
+    """Mask of the lower edges that float64 cannot resolve (see :func:`refine_near_saturation`);
+    with ``namespace=xp_extended``, of those that :data:`EXTENDED` precision cannot.
 
     An edge found as a root of ``g(s) = delta`` in float64 is off by about
     ``err(g) / |g'(s)|`` in ``s = log r``, i.e. relatively in ``r``, where ``err(g)`` is the
@@ -38,7 +39,7 @@ def near_saturation(div, x: Inputs, s_lo, above: float = REFINE_ABOVE):
     saturated ones whose ``g(0)`` is within rounding of ``delta``.
     """
     with np.errstate(all="ignore"):
-        fun = BandFunction(div, xp, x)
+        fun = BandFunction(div, namespace, x)
         g0 = fun.at_zero()
         suspect = (s_lo < np.log(SMALL_EDGE)) & (
             np.abs(g0 - x.delta) <= CLOSE_TO_SATURATION * x.delta
@@ -49,7 +50,7 @@ def near_saturation(div, x: Inputs, s_lo, above: float = REFINE_ABOVE):
         s = np.where(suspect & np.isfinite(s_lo), s_lo, -1.0)
         bound = _root_error(fun, s)
         # A saturated edge (r = 0) is in doubt only when g(0) is within rounding of delta.
-        tie = np.abs(g0 - x.delta) <= 32 * np.finfo(np.float64).eps * x.delta
+        tie = np.abs(g0 - x.delta) <= 32 * np.finfo(np.result_type(x.delta)).eps * x.delta
     return suspect & np.where(np.isfinite(s_lo), ~(bound <= above), tie)
 
 
@@ -263,31 +264,13 @@ def solve_huge_radius(div, x: Inputs, s_lo, s_hi, *, from_logp: bool):
     xe = Inputs(lp, lq, p, q, delta)
     with np.errstate(all="ignore"):
         lo, hi = solve(div, xp_extended, xe, closed_forms=False)
-        doubt = _unresolved(div, xe, lo)
+        doubt = near_saturation(div, xe, lo, namespace=xp_extended)
     s_lo[huge], s_hi[huge] = lo.astype(np.float64), hi.astype(np.float64)
     if doubt.any():  # next to saturation, where even the extended digits are too few
         suspect = np.zeros(huge.shape, dtype=bool)
         suspect[huge] = doubt
         s_lo = _refine_mpmath(div, x, s_lo, suspect, from_logp=from_logp)
     return s_lo, s_hi
-
-
-def _unresolved(div, xe: Inputs, s_lo):
-    """Mask of the lower edges ``s_lo`` found in :data:`EXTENDED` precision that it cannot
-    resolve: next to saturation, where the root's error bound (:func:`_root_error`) passes
-    :data:`REFINE_ABOVE`, or saturated with ``g(0)`` within rounding of ``delta`` (the
-    test of :func:`near_saturation`, in the extended type)."""
-    fun = BandFunction(div, xp_extended, xe)
-    g0_r, g0_c = fun.zero_terms()
-    g0 = g0_r + g0_c
-    close = (s_lo < math.log(SMALL_EDGE)) & (np.abs(g0 - xe.delta)
-                                             <= CLOSE_TO_SATURATION * xe.delta)
-    close &= xe.lp < 0
-    if not close.any():
-        return close
-    bound = _root_error(fun, np.where(close & np.isfinite(s_lo), s_lo, -1.0))
-    tie = np.abs(g0 - xe.delta) <= 8 * np.finfo(EXTENDED).eps * (np.abs(g0_r) + np.abs(g0_c))
-    return close & np.where(np.isfinite(s_lo), ~(bound <= REFINE_ABOVE), tie)
 
 
 def exact_log_edges(div, x: Inputs, *, from_logp: bool):

@@ -476,15 +476,13 @@ class Namespace:
 NUMPY = Namespace(NAMESPACE)
 
 
-def at_one(delta: float) -> Inputs:
-    """The inputs of one element at ``p = 1``: a solver gives its lower edge's limit there."""
-    return Inputs(np.zeros(1), np.full(1, math.log(Q_FLOOR)), np.ones(1), np.full(1, Q_FLOOR),
-                  np.full(1, float(delta)))
-
-
-def lower_limit_at_one(div: Divergence, delta: float, *, log: bool = False) -> float:
+def lower_limit_at_one(div: Divergence, delta: float, *, log: bool = False,
+                       edges=None) -> float:
     """``lim_{p -> 1}`` of the lower edge (see :meth:`fbands.Divergence.lower_limit_at_one`;
-    ``log``: its log), by the array solver on numpy at ``p = 1``."""
+    ``log``: its log): the lower edge at ``p = 1`` by ``edges(div, inputs)`` (a solver of
+    prepared inputs; default: the array solver on numpy)."""
+    x = Inputs(np.zeros(1), np.full(1, math.log(Q_FLOOR)), np.ones(1), np.full(1, Q_FLOOR),
+               np.full(1, float(delta)))
     with np.errstate(all="ignore"):
-        s_lo, _ = solve(div, NUMPY, at_one(delta))
+        s_lo, _ = solve(div, NUMPY, x) if edges is None else edges(div, x)
     return float(s_lo[0]) if log else float(np.exp(s_lo[0]))

@@ -212,9 +212,7 @@ class TableCache:
             derived = self._derived.get(key)
             if derived is not None and ("at_one", log) in derived:
                 return derived[("at_one", log)]
-        with np.errstate(all="ignore"):
-            s_lo = float(filler.solve(div, _solver.at_one(delta))[0][0])
-        value = s_lo if log else float(np.exp(s_lo))
+        value = _solver.lower_limit_at_one(div, delta, log=log, edges=filler.solve)
         self.table_set(div, delta, layout_name, filler)  # (the set the value is kept with)
         with self._lock:
             self._derived.setdefault(key, {})[("at_one", log)] = value
