@@ -9,7 +9,7 @@ a fixed clip mostly stops tail tokens with positive advantage, and a band far le
 The functions that return tensors (:func:`tail_clip_counts`, :func:`update_stats`) make
 the host wait for nothing: a trainer sums them on the device and reads them once per step.
 Those that return Python numbers (:func:`clip_split_metrics`, :func:`logp_change_by_bin`,
-:func:`tail_gain_per_prompt`) read their result on the host in one transfer, which waits
+:func:`tail_change_per_prompt`) read their result on the host in one transfer, which waits
 for the device; call them once per step, not per minibatch.
 """
 
@@ -156,18 +156,39 @@ def logp_change_by_bin(logp_old, logp_new, advantages, mask) -> dict[str, float]
 
 
 @torch.no_grad()
-def tail_gain_per_prompt(logp_old, logp_new, advantages, mask, group_size: int) -> list:
-    """Per prompt, the mean :math:`\\Delta \\log \\pi` of its tail tokens with :math:`A > 0`.
+def tail_change_per_prompt(logp_old, logp_new, advantages, mask,
+                           group_size: int) -> dict[str, list]:
+    """Per prompt, the mean :math:`\\Delta \\log \\pi` of its tail tokens, by sign of A.
 
     Rows are prompt-major (``group_size`` samples per prompt); a tail token has
-    :math:`\\pi_{old} <` :data:`~fbands.losses.TAIL_PROB`.  None for a prompt without such
-    a token.  Two runs that share a step's rollout and weights (same seed, first step)
-    differ only by their loss, so the per-prompt difference is an exactly paired measure.
-    The sums are read on the host in one transfer, which waits for the device.
+    :math:`\\pi_{old} <` :data:`~fbands.losses.TAIL_PROB`.  Keys
+    ``dlogp/tail_A+_per_prompt`` (tokens with :math:`A > 0`) and
+    ``dlogp/tail_A-_per_prompt`` (:math:`A < 0`), each a list with one entry per prompt,
+    None for a prompt without such a token.  Two runs that share a step's rollout and
+    weights (same seed, first step) differ only by their loss, so the per-prompt
+    difference is an exactly paired measure: of the upper edge's work (A > 0) and of the
+    lower edge's (A < 0).  The sums are read on the host in one transfer, which waits for
+    the device.
+
+    Example
+    -------
+    >>> import math, torch
+    >>> old = torch.log(torch.tensor([[0.05, 0.6], [0.02, 0.5]]))
+    >>> new = old + torch.tensor([[0.3, 0.1], [-0.2, 0.0]])
+    >>> out = tail_change_per_prompt(old, new, torch.tensor([1.0, -1.0]), torch.ones(2, 2), 1)
+    >>> [round(v, 6) if v is not None else v for v in out["dlogp/tail_A+_per_prompt"]]
+    [0.3, None]
+    >>> [round(v, 6) if v is not None else v for v in out["dlogp/tail_A-_per_prompt"]]
+    [None, -0.2]
     """
-    sel = ((mask > 0) & (logp_old < math.log(TAIL_PROB)) & (advantages[:, None] > 0)).double()
-    delta = (logp_new - logp_old).double() * sel
-    sums = delta.view(-1, group_size * delta.shape[1]).sum(-1)
-    counts = sel.view(-1, group_size * sel.shape[1]).sum(-1)
-    sums, counts = torch.stack([sums, counts]).tolist()  # one host read
-    return [s / c if c else None for s, c in zip(sums, counts, strict=True)]
+    tail = (mask > 0) & (logp_old < math.log(TAIL_PROB))
+    delta = (logp_new - logp_old).double()
+    rows = []
+    for side in (advantages > 0, advantages < 0):
+        sel = (tail & side[:, None]).double()
+        rows += [(delta * sel).view(-1, group_size * sel.shape[1]).sum(-1),
+                 sel.view(-1, group_size * sel.shape[1]).sum(-1)]
+    up, n_up, down, n_down = torch.stack(rows).tolist()  # one host read
+    return {f"dlogp/tail_{name}_per_prompt": [s / c if c else None
+                                              for s, c in zip(sums, counts, strict=True)]
+            for name, sums, counts in (("A+", up, n_up), ("A-", down, n_down))}

@@ -68,8 +68,8 @@ from fbands.rl.diagnostics import (
     UPDATE_STATS,
     clip_split_metrics,
     logp_change_by_bin,
+    tail_change_per_prompt,
     tail_clip_counts,
-    tail_gain_per_prompt,
     update_stats,
 )
 from fbands.rl.evaluate import answer_metrics, evaluate
@@ -331,8 +331,8 @@ def _summary(run: Run, step: int, r: _Rollout, u: _Updates, t_start: float,
         means["time/after_update_s"] = t_kl
     if logp_new is not None and cfg.mechanism_metrics:
         means |= logp_change_by_bin(r.logp_old, logp_new, r.advantages, mask)
-        means["dlogp/tail_A+_per_prompt"] = tail_gain_per_prompt(
-            r.logp_old, logp_new, r.advantages, mask, cfg.group_size)
+        means |= tail_change_per_prompt(r.logp_old, logp_new, r.advantages, mask,
+                                        cfg.group_size)
     if not all(math.isfinite(means[k]) for k in ("loss/total", "grad_norm")):
         good = _saved_step(ckpt_path)
         raise NonFiniteLossError(

@@ -251,7 +251,7 @@ def test_diagnostics_that_return_numbers_read_the_host_once():
     new = new.detach()
     dg.logp_change_by_bin(old, new, adv[:, 0], mask)
     for fn, args in ((dg.logp_change_by_bin, (old, new, adv[:, 0], mask)),
-                     (dg.tail_gain_per_prompt, (old, new, adv[:, 0], mask, 2)),
+                     (dg.tail_change_per_prompt, (old, new, adv[:, 0], mask, 2)),
                      (dg.clip_split_metrics, (torch.tensor([1.0, 4.0, 2.0, 8.0]),))):
         with SyncDetector() as det:
             fn(*args)

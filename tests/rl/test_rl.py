@@ -256,7 +256,8 @@ def test_mechanism_metrics_count_every_token_and_sum_the_kl(tmp_path, monkeypatc
         assert r["kl/update"] >= 0
         total += r["kl/update"]
         assert r["kl/cumulative"] == pytest.approx(total)
-        assert len(r["dlogp/tail_A+_per_prompt"]) == cfg.prompts_per_step
+        for side in ("A+", "A-"):
+            assert len(r[f"dlogp/tail_{side}_per_prompt"]) == cfg.prompts_per_step
         assert r["time/after_update_s"] > 0
         split = [r[k] for k in ("answer/start_p/early", "answer/start_p/late") if k in r]
         if "answer/start_p" in r:  # the overall mean lies between the classes' means
