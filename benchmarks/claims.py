@@ -30,10 +30,15 @@ Experiments (``--only`` picks some):
     so that the rewarded first word "Yes" is a real tail token: held-out log P(Yes).
 ``S``
     SmolLM2-135M, ``sum`` free-form: reward, pass@1 / pass@8 and entropy.
-``E1``, ``E2``, ``E3``
-    band against Clip-Higher on the toy, in the regime of one PPO epoch, and from more
-    than one warm start: the runs and their analysis plan are in ``controls.py``.  E2 and
-    E3 run the Clip-Higher width that E1's selection seeds chose.
+``E1``, ``E2``, ``E3``, ``E1-edge``
+    band against Clip-Higher on the toy, in the regime of one PPO epoch, from more than
+    one warm start, and with upper edges wider than E1's grid: the runs and their analysis
+    plan are in ``controls.py``.  E2 and E3 run the Clip-Higher width that E1's selection
+    seeds chose.
+``E4-pilot``, ``E4``
+    SmolLM2-135M, T's set-up for one step, replayed exactly for five losses (clip, band,
+    two Clip-Highers, a clip without lower edge): which edge does the band's work?  E4
+    runs at the rate the pilot chose (plan in ``controls.py``).
 
 Run, one process per core (``--jobs``, default 2), nothing else on the machine::
 
@@ -126,11 +131,22 @@ def experiments(seeds: int = 10, real_seeds: int = 3) -> dict[str, list[dict]]:
              for exp in ("T", "S") for r in real[exp] if r["seed"] == 0]
     return {"pilot": pilot, "T": real["T"], "width": width, "addition": addition,
             "S": real["S"], "two": two, "dose": dose, "S-gpu": real["S-gpu"],
-            "E1": controls.e1_runs(), "E2": [], "E3": []}
+            "E1": controls.e1_runs(), "E2": [], "E3": [],
+            "E1-edge": controls.edge_runs(), "E4-pilot": controls.e4_pilot_runs(REAL_T),
+            "E4": []}
 
 
 def _controls(name: str, results: Path) -> list[dict]:
-    """E2's or E3's runs, with the Clip-Higher that E1's selection seeds chose at 0.06."""
+    """E2's or E3's runs, with the Clip-Higher that E1's selection seeds chose at 0.06;
+    E4's at the learning rate its pilot chose."""
+    if name == "E4":
+        try:
+            lr = controls.e4_learning_rate(load(results).get("E4-pilot", []))
+        except ValueError as err:
+            raise SystemExit(f"E4 runs at the rate its pilot chooses: {err}; run E4-pilot "
+                             "first") from None
+        print(f"== E4: the pilot chose lr {lr:g}", flush=True)
+        return controls.e4_runs(REAL_T, lr)
     e1 = load(results).get("E1", [])
     try:
         selected = controls.select_clip_higher(e1, 0.06)
@@ -142,7 +158,8 @@ def _controls(name: str, results: Path) -> list[dict]:
 
 
 #: what ``run`` does by default: everything that a CPU machine can run
-CPU_EXPERIMENTS = ("pilot", "T", "width", "addition", "S", "two", "dose", "E1", "E2", "E3")
+CPU_EXPERIMENTS = ("pilot", "T", "width", "addition", "S", "two", "dose", "E1", "E2", "E3",
+                   "E1-edge", "E4-pilot", "E4")
 
 
 # --- running ------------------------------------------------------------------------------
@@ -223,7 +240,7 @@ def run(names: list[str], jobs: int, seeds: int, real_seeds: int, results: Path,
         plan = {e: [dict(s, config=dict(s["config"], **TINY)) for s in specs]
                 for e, specs in plan.items()}
     for experiment in names:
-        if experiment in ("E2", "E3"):
+        if experiment in ("E2", "E3", "E4"):
             plan[experiment] = _controls(experiment, results)
             if scale == "tiny":
                 plan[experiment] = [dict(s, config=dict(s["config"], **TINY))

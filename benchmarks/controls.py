@@ -20,6 +20,23 @@ E2, the regime bridge
 E3, more than one initial policy
     Share 0.06, warm-start seeds 1-4 (E1 used 0), seeds 40-49; clip 0.2, band-kl 0.05 and
     E1's Clip-Higher at share 0.06.
+E1-edge, Clip-Higher wider than E1's grid (exploratory)
+    E1's selection seeds chose the grid's widest upper edge, 4.0, at both shares, so a wider
+    one might do better still.  The same runs as E1 with eps_high 8 and 100 (practically no
+    upper edge: a token's probability may grow 101-fold), seeds 10-29, both shares.  They
+    are reported beside E1 (mean accuracy on the selection and the test seeds, band minus
+    each on the test seeds, raw intervals) and change neither E1's selection nor the
+    primary family, which were fixed before they existed.
+E4, the mechanism on a real vocabulary
+    SmolLM2-135M, ``verify`` with every statement true behind the skeptical system prompt
+    (experiment T's set-up, :data:`E4_SETUP` changing only its size), **one step**: for a
+    seed, every loss starts from the same weights and updates on the same rollout, so the
+    losses differ in nothing but the loss (an exact replay of step 1).  Seeds 50-55.
+    Losses (:data:`E4_LOSSES`): clip 0.2, band-kl 0.05, Clip-Higher 0.2 / 0.28 (DAPO's) and
+    0.2 / 4.0 (E1's choice), and the clip without a lower edge.  The learning rate comes
+    from a pilot run before them (clip, seed 99, one step at each rate of
+    :data:`E4_PILOT_LR`): the largest rate whose off-policy updates move 5-40 % of the
+    tokens out of [0.8, 1.2] (:func:`e4_learning_rate`).
 
 The analysis plan
 -----------------
@@ -40,6 +57,18 @@ The analysis plan
 * **Verdicts**: *band better* or *band worse* when the Holm-adjusted p is below 0.05 (by the
   sign of the mean), else *no difference shown* together with the interval, so that a
   reader sees how large a difference the data still allow.
+* **E4** (its own family of two tests, Holm-corrected): per seed, the mean over prompts of
+  the per-prompt paired difference (:func:`e4_paired`) of the step-1 change of log p of
+  tail tokens (old p < 0.1), band-kl minus clip 0.2, once for tokens with A > 0 (the
+  *upper* edge's work, the paper's mechanism) and once for A < 0 (the *lower* edge's).
+  The t-interval runs over the six seeds, not over prompts: the prompts of a seed share
+  one update.  Reading (:func:`e4_verdict`), at Holm-adjusted p < 0.05: the band acts
+  through its upper edge if it raises A > 0 tail tokens more than clip (difference > 0),
+  through its lower edge if it lowers A < 0 tail tokens more (difference < 0); both may
+  hold, and a difference of the other sign is reported as such.  Exploratory, raw
+  intervals: the same two endpoints against each Clip-Higher and the lower-free clip, the
+  step's KL and the held-out
+  log P(Yes) after the step (paired by seed).
 * **E3**: per warm start, band minus clip and band minus Clip-Higher on 10 seeds; pooled,
   the mean of the four per-warm-start means with a t-interval over warm starts (3 degrees
   of freedom), because seeds that share a warm start are not independent replicates.
@@ -70,6 +99,22 @@ E1_LOSSES = {"clip": dict(loss="clip", eps_low=0.2, eps_high=0.2),
              "clip-nolow": dict(loss="clip", eps_low=1.0, eps_high=0.2),
              "dcpo": dict(loss="dcpo")}
 BAND = "band-kl"
+#: E1-edge's upper edges, beyond :data:`CH_HIGH`
+EDGE_HIGH = (8.0, 100.0)
+#: E4: experiment T's set-up (``claims.REAL_T``) with these changes: one step, and four
+#: times the prompts so that a seed has tail tokens of both signs on several prompts
+E4_SETUP = dict(steps=1, eval_every=1, prompts_per_step=16)
+E4_SEEDS = tuple(range(50, 56))
+E4_PILOT_SEED = 99
+E4_PILOT_LR = (3e-6, 1e-5)
+E4_OUTSIDE = (0.05, 0.40)
+E4_LOSSES = {"clip": dict(loss="clip", eps_low=0.2, eps_high=0.2),
+             "band-kl": dict(loss="band-kl", delta=0.05),
+             "ch-0.28": dict(loss="clip", eps_low=0.2, eps_high=0.28),
+             "ch-4": dict(loss="clip", eps_low=0.2, eps_high=4.0),
+             "clip-nolow": dict(loss="clip", eps_low=1.0, eps_high=0.2)}
+#: the two tests of E4's family: the per-prompt endpoint of each sign of A
+E4_SIDES = ("A+", "A-")
 
 
 def _run(experiment, family, seed, config, **labels):
@@ -82,6 +127,13 @@ def e1_runs() -> list[dict]:
     return [_run("E1", family, seed, dict(BASE, tail_share=share, **loss), share=share)
             for share in SHARES for seed in SELECT_SEEDS + TEST_SEEDS
             for family, loss in E1_LOSSES.items()]
+
+
+def edge_runs() -> list[dict]:
+    return [_run("E1-edge", f"ch-{e:g}", seed,
+                 dict(BASE, tail_share=share, loss="clip", eps_low=0.2, eps_high=e),
+                 share=share)
+            for share in SHARES for seed in SELECT_SEEDS + TEST_SEEDS for e in EDGE_HIGH]
 
 
 def e2_runs(selected: str) -> list[dict]:
@@ -98,6 +150,75 @@ def e3_runs(selected: str) -> list[dict]:
     return [_run("E3", family, seed, dict(BASE, tail_share=0.06, warm_start_seed=w, **loss),
                  warm=w)
             for w in E3_WARM for seed in E3_SEEDS for family, loss in losses.items()]
+
+
+def e4_pilot_runs(base: dict) -> list[dict]:
+    """The pilot: clip, one step, at each rate of :data:`E4_PILOT_LR` (``base`` is T's
+    set-up)."""
+    return [_run("E4-pilot", "clip", E4_PILOT_SEED,
+                 dict(base, **E4_SETUP, **E4_LOSSES["clip"], lr=lr), lr=lr)
+            for lr in E4_PILOT_LR]
+
+
+def offpolicy_outside(run: dict) -> float | None:
+    """The share of tokens outside [0.8, 1.2] in the step-1 updates after the first (the
+    first sees the weights that sampled)."""
+    values = (step1("update/outside")(run) or [])[1:]
+    return statistics.fmean(values) if values else None
+
+
+def e4_learning_rate(pilot: list[dict]) -> float:
+    """The largest pilot rate whose off-policy share outside [0.8, 1.2] lies in
+    :data:`E4_OUTSIDE`; raises when a pilot run is missing or no rate qualifies."""
+    shares = {(r["width"] or {}).get("lr"): offpolicy_outside(r) for r in pilot}
+    missing = [lr for lr in E4_PILOT_LR if shares.get(lr) is None]
+    if missing:
+        raise ValueError(f"the pilot lacks the rates {missing}")
+    low, high = E4_OUTSIDE
+    good = [lr for lr in E4_PILOT_LR if low <= shares[lr] <= high]
+    if not good:
+        raise ValueError(f"no pilot rate moves {low:.0%}-{high:.0%} of the off-policy tokens "
+                         f"out of [0.8, 1.2]: {shares}")
+    return max(good)
+
+
+def e4_runs(base: dict, lr: float) -> list[dict]:
+    return [_run("E4", family, seed, dict(base, **E4_SETUP, **loss, lr=lr))
+            for seed in E4_SEEDS for family, loss in E4_LOSSES.items()]
+
+
+def e4_paired(runs: list[dict], other: str, side: str) -> list[float]:
+    """Per seed of :data:`E4_SEEDS`, the mean over prompts of band minus ``other`` in the
+    step-1 change of log p of the prompt's tail tokens with A of ``side`` ("A+" or "A-");
+    a prompt enters when both runs have such tokens, a seed when one prompt does."""
+    key = f"dlogp/tail_{side}_per_prompt"
+    by = {(r["family"], r["seed"]): r for r in runs}
+    out = []
+    for seed in E4_SEEDS:
+        a, b = by.get((BAND, seed)), by.get((other, seed))
+        if a is None or b is None:
+            continue
+        diffs = [x - y for x, y in zip(step1(key)(a) or [], step1(key)(b) or [], strict=True)
+                 if x is not None and y is not None]
+        if diffs:
+            out.append(statistics.fmean(diffs))
+    return out
+
+
+def e4_family(runs: list[dict]) -> dict[str, dict | None]:
+    """E4's two tests (band minus clip 0.2, per-seed means of paired prompts), by name."""
+    return {f"E4 tail A{side[1]}: band - clip 0.2": paired_test(e4_paired(runs, "clip", side))
+            for side in E4_SIDES}
+
+
+def e4_verdict(side: str, test: dict | None, p_adjusted: float | None) -> str:
+    if test is None or p_adjusted is None:
+        return "too few runs"
+    if p_adjusted >= ALPHA:
+        return "no difference shown"
+    verb = "raises" if test["mean"] > 0 else "lowers"
+    sign = "A > 0" if side == "A+" else "A < 0"
+    return f"band {verb} {sign} tail tokens more than clip"
 
 
 # --- endpoints ------------------------------------------------------------------------------

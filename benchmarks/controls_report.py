@@ -1,4 +1,4 @@
-"""The report of the controls E1-E3 (plan and statistics in ``controls.py``).
+"""The report of the controls E1-E4 (plan and statistics in ``controls.py``).
 
 Every number is computed from the result files; the primary family's p-values are Holm-
 corrected together, a test whose runs are missing counting as p = 1 (the correction never
@@ -90,6 +90,81 @@ def _e1(runs: list[dict]) -> list[str]:
     return lines
 
 
+def _edge(runs: list[dict], e1: list[dict]) -> list[str]:
+    lines = ["## E1-edge: Clip-Higher wider than E1's grid (exploratory)", "",
+             "The same runs as E1 with eps_high 8 and 100; E1's selection and the primary "
+             "family were fixed without them. Mean held-out accuracy over the steps, and band "
+             "minus each on the test seeds (raw 95 % intervals):", "",
+             "| share | loss | selection seeds | test seeds | band minus loss, test seeds |",
+             "|---|---|---|---|---|"]
+    for share in c.SHARES:
+        cell = c._cell(runs, share=share) + [r for r in c._cell(e1, share=share)
+                                             if r["family"] in (c.BAND, "ch-4")]
+        for family in ("ch-4", *(f"ch-{e:g}" for e in c.EDGE_HIGH)):
+            mine = [r for r in cell if r["family"] == family]
+            if not mine:
+                continue
+            sel = [r for r in mine if r["seed"] in c.SELECT_SEEDS]
+            test = [r for r in mine if r["seed"] in c.TEST_SEEDS]
+            diff = c.paired_test(c.paired_diffs(cell, family, c.mean_accuracy, c.TEST_SEEDS))
+            lines.append(f"| {share:g} | {family} | {_num(_mean(map(c.mean_accuracy, sel)))} | "
+                         f"{_num(_mean(map(c.mean_accuracy, test)))} | {_ci(diff)} |")
+    return lines + [""]
+
+
+def _e4(runs: list[dict], pilot: list[dict]) -> list[str]:
+    from fbands.rl.diagnostics import P_OLD_BINS
+
+    rates = ", ".join(f"lr {(r['width'] or {}).get('lr'):g}: "
+                      f"{_num(c.offpolicy_outside(r), '.3f')}" for r in pilot)
+    try:
+        chosen = f"{c.e4_learning_rate(pilot):g}"
+    except ValueError as err:
+        chosen = f"none ({err})"
+    lines = ["## E4: which edge does the band's work? (SmolLM2-135M, `verify`, step 1)", "",
+             "Experiment T's set-up with 16 prompts, one step; for a seed every loss starts "
+             "from the same weights and updates on the same rollout. The pilot's share of "
+             f"off-policy tokens outside [0.8, 1.2]: {rates}; chosen rate: {chosen}.", "",
+             "Band-kl minus each loss, per seed the mean over prompts of the paired per-prompt "
+             "difference in the step's change of log p of the prompt's tail tokens (old p < "
+             "0.1), interval over seeds. The two rows against clip 0.2 are E4's family "
+             "(Holm over two tests); the rest is exploratory (raw intervals):", "",
+             "| tail tokens | vs | band minus loss (95 %) | p | p, Holm | reading |",
+             "|---|---|---|---|---|---|"]
+    family = c.e4_family(runs)
+    adjusted = c.holm({k: (t["p"] if t else 1.0) for k, t in family.items()})
+    for side in c.E4_SIDES:
+        name = f"E4 tail A{side[1]}: band - clip 0.2"
+        test = family[name]
+        lines.append(f"| A {'>' if side == 'A+' else '<'} 0 | clip | {_ci(test)} | "
+                     f"{_num(test and test['p'], '.3g')} | {_num(adjusted[name], '.3g')} | "
+                     f"{c.e4_verdict(side, test, adjusted[name])} |")
+        for other in (f for f in c.E4_LOSSES if f not in ("clip", c.BAND)):
+            test = c.paired_test(c.e4_paired(runs, other, side))
+            lines.append(f"| A {'>' if side == 'A+' else '<'} 0 | {other} | {_ci(test)} | "
+                         f"{_num(test and test['p'], '.3g')} | exploratory | |")
+    lines += ["", "Per loss, means over the seeds: the step's KL, held-out log P(Yes) after the "
+              "step, and the change of log p of the sampled tokens by old probability and sign "
+              "of A; band minus loss, paired by seed, for KL and log P(Yes):", "",
+              "| loss | step KL | log P(Yes) | band - loss: KL | band - loss: log P(Yes) | "
+              + " | ".join(f"A>0 {b}" for b in P_OLD_BINS) + " | "
+              + " | ".join(f"A<0 {b}" for b in P_OLD_BINS) + " |",
+              "|---|---|---|---|---|" + "---|" * (2 * len(P_OLD_BINS))]
+    kl, logp = c.step1("kl/update"), c.step1("logp_correct")
+    for family in c.E4_LOSSES:
+        mine = [r for r in runs if r["family"] == family]
+        if not mine:
+            continue
+        diffs = ["", ""] if family == c.BAND else [
+            _ci(c.paired_test(c.paired_diffs(runs, family, f, c.E4_SEEDS)), 4)
+            for f in (kl, logp)]
+        lines.append(f"| {family} | {_num(_mean(map(kl, mine)), '.4f')} | "
+                     f"{_num(_mean(map(logp, mine)), '.3f')} | " + " | ".join(diffs) + " | "
+                     + " | ".join(_num(_step1_dlogp(mine, side, b), "+.3f")
+                                  for side in ("A+", "A-") for b in P_OLD_BINS) + " |")
+    return lines + [""]
+
+
 def _chosen(runs: list[dict]) -> str:
     """The Clip-Higher family that E2's or E3's runs ran (E1's choice)."""
     return next((r["family"] for r in runs if r["family"].startswith("ch-")), "Clip-Higher")
@@ -140,8 +215,8 @@ def _e3(runs: list[dict]) -> list[str]:
 
 
 def section(results: dict[str, list[dict]]) -> list[str]:
-    """The report's lines on E1-E3 (empty when none of their runs exists)."""
-    if not any(results.get(e) for e in ("E1", "E2", "E3")):
+    """The report's lines on E1-E4 (empty when none of their runs exists)."""
+    if not any(results.get(e) for e in ("E1", "E2", "E3", "E4-pilot")):
         return []
     lines = ["## Band or higher upper clip? The primary tests", "",
              "The plan, committed before the runs, is in `benchmarks/controls.py`. Band-kl "
@@ -159,4 +234,8 @@ def section(results: dict[str, list[dict]]) -> list[str]:
         lines += _e2(results["E2"])
     if results.get("E3"):
         lines += _e3(results["E3"])
+    if results.get("E1-edge"):
+        lines += _edge(results["E1-edge"], results.get("E1", []))
+    if results.get("E4-pilot"):
+        lines += _e4(results.get("E4", []), results["E4-pilot"])
     return lines

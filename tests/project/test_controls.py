@@ -126,3 +126,72 @@ def test_the_report_holds_the_primary_family_with_holm():
     assert by["E2 1 epoch, lr 0.001: band - Clip-Higher"][2] == "pending"
     text = "\n".join(report.section({"E1": e1_results(score)}))
     assert "| ch-2 (selected) |" in text and "Selected Clip-Higher: ch-2." in text
+
+
+# --- E1-edge and E4 -------------------------------------------------------------------------
+def test_the_edge_check_changes_neither_the_selection_nor_the_primary_family():
+    from fbands.rl.config import TrainConfig
+
+    edge = controls.edge_runs()
+    assert len(edge) == 2 * 20 * len(controls.EDGE_HIGH)
+    assert {r["config"]["eps_high"] for r in edge} == set(controls.EDGE_HIGH)
+    assert set(controls.EDGE_HIGH).isdisjoint(controls.CH_HIGH)
+    for r in edge[:2]:
+        TrainConfig(**r["config"], run_dir="runs/x").validate()
+    # edge families best everywhere: E1's choice, read from E1's grid, is unchanged
+    runs = e1_results(lambda f, s: 0.9 if f == "ch-0.6" else 0.5)
+    runs += [fake(r["family"], r["seed"], [1.0] * 3, share=r["width"]["share"])
+             for r in edge]
+    assert controls.select_clip_higher(runs, 0.06) == "ch-0.6"
+
+
+def pilot(shares):
+    """Fake pilot runs: ``shares`` maps a rate to its off-policy updates' outside shares."""
+    return [{"family": "clip", "seed": controls.E4_PILOT_SEED, "width": {"lr": lr},
+             "rows": [{"step": 1, "update/outside": [0.0, *values]}]}
+            for lr, values in shares.items()]
+
+
+def test_e4_takes_the_largest_pilot_rate_in_the_window():
+    small, large = controls.E4_PILOT_LR
+    assert controls.e4_learning_rate(pilot({small: [0.1, 0.2, 0.3], large: [0.3, 0.5, 0.6]})) \
+        == small  # the large rate's mean 0.47 leaves the window
+    assert controls.e4_learning_rate(pilot({small: [0.1] * 3, large: [0.3] * 3})) == large
+    # the first update is on-policy and does not count: with it, 0.06 would be 0.045
+    assert controls.e4_learning_rate(pilot({small: [0.06] * 3, large: [0.5] * 3})) == small
+    with pytest.raises(ValueError, match="no pilot rate"):
+        controls.e4_learning_rate(pilot({small: [0.04] * 3, large: [0.41] * 3}))
+    with pytest.raises(ValueError, match="lacks"):
+        controls.e4_learning_rate(pilot({small: [0.1] * 3}))
+
+
+def replay(family, seed, up, down):
+    return {"family": family, "seed": seed, "width": None,
+            "rows": [{"step": 1, "dlogp/tail_A+_per_prompt": up,
+                      "dlogp/tail_A-_per_prompt": down}]}
+
+
+def test_e4_pairs_prompts_within_a_seed_and_tests_over_seeds():
+    from fbands.rl.config import TrainConfig
+
+    plan = controls.e4_runs({"model": "smollm2-135m", "task": "verify"}, 1e-5)
+    assert len(plan) == len(controls.E4_SEEDS) * len(controls.E4_LOSSES)
+    assert {r["config"]["steps"] for r in plan} == {1}
+    assert {r["config"]["lr"] for r in plan} == {1e-5}
+    TrainConfig(**plan[0]["config"], run_dir="runs/x").validate()
+    runs = []
+    for k, seed in enumerate(controls.E4_SEEDS):
+        runs.append(replay("clip", seed, [1.0, None, 2.0], [-1.0, -1.0, None]))
+        # the band: +0.5 on the first paired prompt, +0.1 * k on the other; lower -0.2
+        runs.append(replay("band-kl", seed, [1.5, 3.0, 2.0 + 0.1 * k], [-1.2, None, -5.0]))
+    runs.append(replay("band-kl", 99, [9.0], [9.0]))  # not an E4 seed: never read
+    up = controls.e4_paired(runs, "clip", "A+")
+    want = [(0.5 + 0.1 * k) / 2 for k in range(len(controls.E4_SEEDS))]
+    assert up == pytest.approx(want)
+    assert controls.e4_paired(runs, "clip", "A-") == pytest.approx([-0.2] * 6)
+    family = controls.e4_family(runs)
+    assert family["E4 tail A+: band - clip 0.2"]["n"] == 6
+    test = family["E4 tail A-: band - clip 0.2"]
+    assert controls.e4_verdict("A-", test, 0.01) == \
+        "band lowers A < 0 tail tokens more than clip"
+    assert controls.e4_verdict("A+", test, 0.2) == "no difference shown"
