@@ -26,9 +26,19 @@ from pathlib import Path
 from fbands import _cache
 from fbands._state import STATE
 
-__all__ = ["code_digest", "code_fingerprint", "code_text", "package_fingerprint"]
+__all__ = ["bare_code", "code_digest", "code_fingerprint", "code_text", "package_fingerprint"]
 
 _WITH_DOCSTRING = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _docstrings(tree: ast.AST):
+    """Each ``(node, statement)`` of ``tree`` whose first statement is its docstring."""
+    for node in ast.walk(tree):
+        if isinstance(node, _WITH_DOCSTRING) and node.body:
+            first = node.body[0]
+            if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                    and isinstance(first.value.value, str)):
+                yield node, first
 
 
 def code_text(source: str) -> str:
@@ -51,20 +61,32 @@ def code_text(source: str) -> str:
     cuts = [(offset(*t.start), offset(*t.end))
             for t in tokenize.generate_tokens(io.StringIO(source).readline)
             if t.type == tokenize.COMMENT]
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, _WITH_DOCSTRING) and node.body:
-            first = node.body[0]
-            if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
-                    and isinstance(first.value.value, str)):
-                cuts.append((offset(first.lineno, char_col(first.lineno, first.col_offset)),
-                             offset(first.end_lineno,
-                                    char_col(first.end_lineno, first.end_col_offset))))
+    for _, first in _docstrings(ast.parse(source)):
+        cuts.append((offset(first.lineno, char_col(first.lineno, first.col_offset)),
+                     offset(first.end_lineno, char_col(first.end_lineno, first.end_col_offset))))
     kept, at = [], 0
     for start, end in sorted(cuts):
         kept.append(source[at:start])
         at = max(at, end)
     kept.append(source[at:])
     return " ".join("".join(kept).split())
+
+
+def bare_code(source: str) -> str:
+    """``source`` as runnable code alone: no comments, no docstrings, as :func:`ast.unparse`
+    prints the tree (a body that held only its docstring gets ``pass``).
+
+    Where a file's bytes key compiled code (numba's on-disk cache), a copy of this text
+    instead of the file keeps that code valid when only words change.
+
+    >>> print(bare_code('def f(x):  # doubled\\n    "Twice x."\\n    return 2 * x\\n'), end="")
+    def f(x):
+        return 2 * x
+    """
+    tree = ast.parse(source)
+    for node, _ in list(_docstrings(tree)):
+        node.body = node.body[1:] or [ast.Pass()]
+    return ast.unparse(tree) + "\n"
 
 
 def code_fingerprint(paths: Iterable[Path], *extra: str) -> str:

@@ -1,15 +1,17 @@
 """Compiles and imports the numba kernels of one divergence.
 
 Each divergence gets a package in the private cache directory (:func:`cache_dir`): its
-leaves (:func:`fbands._jit.codegen.leaves_source`) beside byte copies of
+leaves (:func:`fbands._jit.codegen.leaves_source`) beside copies of
 :mod:`fbands._jit.scalar` and :mod:`fbands._jit.closed_pass`.  The copies are what numba
 needs: its on-disk cache (``cache=True``) is keyed by source file, so one file compiled
-against the leaves of several divergences would mix their machine code.  The folder's name
-is a hash of every text the compiled code depends on (the three files, and
-:mod:`fbands._jit.prims`, :mod:`fbands._solver`, :mod:`fbands._roots` and
-:mod:`fbands._band_function`, whose
-names they import), so a change to
-any of them compiles afresh, and a second process loads the machine code from disk.
+against the leaves of several divergences would mix their machine code.  They hold the
+code alone (:func:`fbands._fingerprint.bare_code`: no comments, no docstrings), so that an
+edit of their words leaves their bytes, and numba's cache of them, as they were.  The
+folder's name is a hash of the code the compiled kernels depend on (the three files, and
+the code, :func:`fbands._fingerprint.code_digest`, of :mod:`fbands._jit.prims`,
+:mod:`fbands._solver`, :mod:`fbands._roots` and :mod:`fbands._band_function`, whose names
+they import), so a change to any of it compiles afresh, a change of words does not, and a
+second process loads the machine code from disk.
 
 Import safety: every file is written by this process, or kept only when its bytes are the
 ones this process would write (a damaged or planted file is replaced), and the modules are
@@ -37,6 +39,7 @@ import numba
 from numba.core import event as _numba_event
 
 from fbands import _band_function, _cache, _notice, _roots, _solver
+from fbands._fingerprint import bare_code, code_digest
 from fbands._jit import codegen, disk_cache, prims
 from fbands._state import STATE
 
@@ -71,8 +74,13 @@ def package_files(div) -> dict[str, bytes]:
     """The files of ``div``'s package: name -> bytes."""
     files = {"__init__.py": b"", "leaves.py": codegen.leaves_source(div).encode()}
     for name in COMPILED:
-        files[f"{name}.py"] = (_HERE / f"{name}.py").read_bytes()
+        files[f"{name}.py"] = _BARE.get_or_make(
+            name, lambda n=name: bare_code((_HERE / f"{n}.py").read_text()).encode())
     return files
+
+
+_BARE = STATE.memo("numba package sources", "the code of each module compiled against a "
+                   "divergence's leaves, as its packages copy it, by module name")
 
 
 def _package_name(div, files: dict[str, bytes]) -> str:
@@ -80,7 +88,7 @@ def _package_name(div, files: dict[str, bytes]) -> str:
     for name, data in sorted(files.items()):
         h.update(f"{name}\n{len(data)}\n".encode() + data)
     for path in _DEPENDS:
-        h.update(path.read_bytes())
+        h.update(f"{path.name} {code_digest(path.read_bytes())}\n".encode())
     safe = "".join(c if c.isalnum() else "_" for c in div.name)
     name = f"fbands_{safe}_{h.hexdigest()[:32]}"
     _DIVERGENCE_OF.put(name, div.name)
