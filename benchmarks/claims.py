@@ -165,8 +165,8 @@ CPU_EXPERIMENTS = ("pilot", "T", "width", "addition", "S", "two", "dose", "E1", 
 # --- running ------------------------------------------------------------------------------
 #: per-step metrics a result file keeps (prefixes end with "/")
 KEEP = ("step", "reward", "accuracy", "p_correct", "logp_correct", "entropy", "entropy/first",
-        "response_len", "kl/update", "kl/cumulative", "band/clipfrac", "clip/tail",
-        "clip/rest", "answer/start_p", "time/rollout_s", "time/update_s",
+        "response_len", "kl/update", "kl/cumulative", "band/clipfrac",
+        "band/tail_clipfrac_upper", "answer/start_p", "time/rollout_s", "time/update_s",
         "time/after_update_s", "eval/", "update/", "dlogp/", "tokens/", "solution/")
 
 

@@ -16,8 +16,12 @@ Two parts, both written to ``benchmarks/results/``:
     ``--steps``), a shorter or killed one is resumed from its checkpoint, so the command can
     be re-run after an interruption.
     -> ``llm_bench.json`` (summaries and curves), ``llm_bench_table.md`` (table),
-    ``llm_bench.png`` (held-out accuracy, entropy, clip fractions of tail tokens and of the
-    rest, share of rewarded answers that start in the tail; mean over seeds).
+    ``llm_bench.png`` (held-out accuracy, entropy, the share of tail tokens with A > 0
+    whose gain the upper edge stopped, share of rewarded answers that start in the tail;
+    mean over seeds).
+``table``
+    Rebuilds the table, the summaries and the figure from the curves in ``llm_bench.json``
+    (after a change of what they show; nothing is trained).
 
     PYTHONPATH=. python benchmarks/llm_bench.py passrates
     PYTHONPATH=. python benchmarks/llm_bench.py runs      # 20-60 min on 2 cores, by load
@@ -143,9 +147,11 @@ RUN = dict(model=MODEL, warm_start_steps=0, prompts_per_step=4, group_size=4,
            max_new_tokens=24, temperature=0.7, ppo_epochs=1, minibatches=2, lr=2e-4,
            lora_rank=16, lora_alpha=32.0, eval_every=2, eval_prompts=16, checkpoint_every=4,
            threads=1, progress=True)
-CURVE_KEYS = ("reward", "accuracy", "entropy", "clip/tail", "clip/rest",
-              "answer/start_tail_share", "answer/start_p", "band/tail_clipfrac_upper",
-              "tokens_per_s", "time/band_share", "time/rollout_s", "time/update_s")
+CURVE_KEYS = ("reward", "accuracy", "entropy", "answer/start_tail_share", "answer/start_p",
+              "band/tail_clipfrac_upper", "tokens_per_s", "time/band_share",
+              "time/rollout_s", "time/update_s")
+#: saved curves under a metric's earlier name, by that name: the name they are read as
+RENAMED = {"loss/tail_clipfrac_upper": "band/tail_clipfrac_upper"}
 
 
 def one_run(method: str, seed: int, args) -> dict:
@@ -209,8 +215,8 @@ def summarize_runs(runs: list[dict], args, untrained: float | None) -> dict:
                                     for rows in mine]),
             "final_entropy": _stats([last_of(rows, "entropy") for rows in mine]),
             "first_entropy": _stats([rows[0]["entropy"] for rows in mine]),
-            "clip_tail": _stats([mean_of(rows, "clip/tail") for rows in mine]),
-            "clip_rest": _stats([mean_of(rows, "clip/rest") for rows in mine]),
+            "tail_clip_upper": _stats([mean_of(rows, "band/tail_clipfrac_upper")
+                                       for rows in mine]),
             "start_tail_share": _stats([mean_of(rows, "answer/start_tail_share")
                                         for rows in mine]),
             "tokens_per_s": _stats([mean_of(rows, "tokens_per_s") for rows in mine]),
@@ -229,15 +235,15 @@ def plot(runs: list[dict], path: Path, title: str, untrained: float | None = Non
     import matplotlib.pyplot as plt
 
     panels = (("accuracy", "held-out greedy accuracy"), ("entropy", "token entropy (nats)"),
-              ("clip/tail", "clipped share, tail tokens (p<0.1)"),
-              ("clip/rest", "clipped share, other tokens"),
+              ("band/tail_clipfrac_upper", "upper edge hit, tail tokens (p<0.1) with A > 0"),
               ("answer/start_tail_share", "rewarded answers starting in the tail"),
               ("reward", "mean sampled reward"))
     fig, axes = plt.subplots(2, 3, figsize=(13, 7))
     axes = list(axes.flat)
     colors = {"clip": "tab:red", "band-kl": "tab:blue", "clip-higher": "tab:orange",
               "dcpo": "tab:green"}
-    for ax, (key, label) in zip(axes, panels, strict=True):
+    axes[-1].axis("off")
+    for ax, (key, label) in zip(axes, panels, strict=False):
         for method in methods:
             start = [(0, untrained)] if key == "accuracy" and untrained is not None else []
             curves = [start + [(r["step"], r[key]) for r in run["rows"] if key in r]
@@ -269,8 +275,8 @@ def write_table(summary: dict, args, path: Path) -> None:
     keys = (("steps_to_target", f"first eval step with held-out acc. >= {args.target:g}"),
             ("final_accuracy", "final held-out acc."), ("mean_accuracy", "mean held-out acc."),
             ("last4_reward", "reward, last 4 steps"), ("first_entropy", "entropy, step 1"),
-            ("final_entropy", "entropy, last step"), ("clip_tail", "clipped, tail tokens"),
-            ("clip_rest", "clipped, other tokens"),
+            ("final_entropy", "entropy, last step"),
+            ("tail_clip_upper", "upper edge hit, tail tokens with A > 0"),
             ("start_tail_share", "rewarded answers starting in tail"),
             ("tokens_per_s", "tokens/s"), ("step_s", "step time (s)"),
             ("band_share", "band's share of step time"))
@@ -298,21 +304,45 @@ def runs(args) -> dict:
     if rates.is_file():
         untrained = json.loads(rates.read_text())["tasks"].get(args.task, {}).get(
             "held_out_greedy_accuracy")
-    summary = summarize_runs(results, args, untrained)
     config = {**RUN, "task": args.task, "steps": args.steps, "seeds": list(args.seeds),
               "methods": {m: METHODS[m] for m in args.methods}, "target": args.target}
+    runs = [{"method": r["method"], "seed": r["seed"],
+             "curves": {k: [row.get(k) for row in r["rows"]] for k in CURVE_KEYS}}
+            for r in results]
+    return write_outputs(config, runs, untrained, time.perf_counter() - t0)
+
+
+def write_outputs(config: dict, runs: list[dict], untrained: float | None,
+                  wall_s: float) -> dict:
+    """``llm_bench.json``, its table and its figure from the runs' curves (a saved curve
+    that the summaries no longer read is kept as it is)."""
+    args = argparse.Namespace(methods=list(config["methods"]), target=config["target"],
+                              steps=config["steps"])
+    results = [{"method": r["method"], "seed": r["seed"],
+                "rows": [{"step": i + 1, **{RENAMED.get(k, k): v[i]
+                                            for k, v in r["curves"].items()
+                                            if RENAMED.get(k, k) in CURVE_KEYS
+                                            and v[i] is not None}}
+                         for i in range(config["steps"])]} for r in runs]
+    summary = summarize_runs(results, args, untrained)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "llm_bench.json").write_text(json.dumps(
         {"config": config, "summary": summary,
-         "runs": [{"method": r["method"], "seed": r["seed"],
-                   "curves": {k: [row.get(k) for row in r["rows"]] for k in CURVE_KEYS}}
-                  for r in results], "wall_s": time.perf_counter() - t0}, indent=2) + "\n")
+         "runs": runs, "wall_s": wall_s}, indent=2) + "\n")
     write_table(summary, args, RESULTS / "llm_bench_table.md")
     plot(results, RESULTS / "llm_bench.png",
-         f"{MODEL}, task {args.task}, LoRA r{RUN['lora_rank']}, {args.steps} steps, "
-         f"{len(args.seeds)} seeds (thin: seeds, thick: mean)", untrained, args.methods)
+         f"{MODEL}, task {config['task']}, LoRA r{config['lora_rank']}, {config['steps']} "
+         f"steps, {len(config['seeds'])} seeds (thin: seeds, thick: mean)", untrained,
+         args.methods)
     log(f"wrote {RESULTS / 'llm_bench.json'}, llm_bench_table.md, llm_bench.png")
     return summary
+
+
+def table(args) -> dict:
+    """Rebuild the outputs of ``runs`` from the curves ``llm_bench.json`` keeps."""
+    saved = json.loads((RESULTS / "llm_bench.json").read_text())
+    untrained = saved["summary"].get("untrained_greedy_accuracy")
+    return write_outputs(saved["config"], saved["runs"], untrained, saved["wall_s"])
 
 
 def main(argv=None) -> int:
@@ -335,6 +365,8 @@ def main(argv=None) -> int:
     p.add_argument("--target", type=float, default=0.75,
                    help="held-out greedy accuracy whose first step the table reports")
     p.set_defaults(func=runs)
+    p = sub.add_parser("table", help="rebuild the table and figure from llm_bench.json")
+    p.set_defaults(func=table)
     args = parser.parse_args(argv)
     args.func(args)
     return 0

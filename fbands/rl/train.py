@@ -66,10 +66,8 @@ from fbands.rl.checkpoint import saved_step as _saved_step
 from fbands.rl.config import TrainConfig
 from fbands.rl.diagnostics import (
     UPDATE_STATS,
-    clip_split_metrics,
     logp_change_by_bin,
     tail_change_per_prompt,
-    tail_clip_counts,
     update_stats,
 )
 from fbands.rl.evaluate import answer_metrics, evaluate
@@ -158,11 +156,10 @@ class _Rollout(NamedTuple):
 
 
 class _Updates(NamedTuple):
-    """Phase 5 of one step: each update's metrics, ratio statistics, the clip counts."""
+    """Phase 5 of one step: each update's metrics and ratio statistics."""
 
     per_update: list[dict[str, torch.Tensor]]
     ratio_stats: list[torch.Tensor]
-    clip_counts: torch.Tensor
     last_epoch: int  # index of the last epoch's first update
 
 
@@ -253,7 +250,6 @@ def _update(run: Run, r: _Rollout) -> _Updates:
     run.model.train()
     per_update: list[dict[str, torch.Tensor]] = []
     ratio_stats: list[torch.Tensor] = []  # update_stats of each update, in order
-    clip_counts = torch.zeros(4, device=device)  # clipped / all, tail (p < 0.1) / rest
     last_epoch = 0
     for _epoch in range(cfg.ppo_epochs):
         last_epoch = len(per_update)
@@ -266,7 +262,6 @@ def _update(run: Run, r: _Rollout) -> _Updates:
             weights = m if r.gate is None else m * r.gate[mb]
             pg_loss, loss_metrics = policy_loss(logp_old, logp, adv, weights, r.step_cfg,
                                                 mb_band)
-            clip_counts += tail_clip_counts(logp_old, logp, adv, m, mb_band)
             ratio_stats.append(update_stats(logp_old, logp, m, loss_metrics["clipfrac"]))
             loss = pg_loss
             if cfg.ent_coef > 0:
@@ -284,7 +279,7 @@ def _update(run: Run, r: _Rollout) -> _Updates:
             per_update.append({"loss/total": loss.detach(), "loss/pg": pg_loss.detach(),
                                "loss/kl_ref": kl_ref.detach(), "grad_norm": grad_norm,
                                **{f"band/{k}": v for k, v in loss_metrics.items()}})
-    return _Updates(per_update, ratio_stats, clip_counts, last_epoch)
+    return _Updates(per_update, ratio_stats, last_epoch)
 
 
 def _summary(run: Run, step: int, r: _Rollout, u: _Updates, t_start: float,
@@ -353,8 +348,7 @@ def _summary(run: Run, step: int, r: _Rollout, u: _Updates, t_start: float,
            # the band's own seconds (precompute_band, synchronised before and after);
            # what it costs the rest of the step, benchmarks/bench_step.py measures
            "time/band_s": r.t_band,
-           "time/band_share": r.t_band / (t_end - t_start),
-           **clip_split_metrics(u.clip_counts)}
+           "time/band_share": r.t_band / (t_end - t_start)}
     if r.gate is not None:  # the mean gate weight of the response tokens (kept share)
         row["band/gate_weight"] = float((r.gate * mask).sum() / mask.sum().clamp(min=1))
     if r.step_cfg.uses_radius:  # the radius this step's band used

@@ -365,7 +365,7 @@ def test_one_grpo_step_writes_finite_metrics(tmp_path, converted):
     assert len(rows) == 1 and rows[0] == last
     assert last["reward"] in (0.0, 0.25, 0.5, 0.75, 1.0)
     for key in ("loss/total", "grad_norm", "entropy", "tokens_per_s", "time/band_share",
-                "clip/tail", "clip/rest", "accuracy"):
+                "band/tail_clipfrac_upper", "accuracy"):
         assert math.isfinite(last[key]), key
     assert 0 < last["response_len"] <= 8
 
