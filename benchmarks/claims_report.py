@@ -15,7 +15,7 @@ from pathlib import Path
 
 import controls_report
 import numpy as np
-from controls import TARGET, holm, steps_to
+from controls import ENTROPY_LEVELS, TARGET, entropy_at, holm, offpolicy_outside, steps_to
 
 #: the band radius of the presets: the width-control verdict reads this one, not the best
 PRESET_DELTA = 0.05
@@ -113,12 +113,6 @@ def paired(runs: list[dict], a: str, b: str, value) -> list:
             x, y = value(run), value(other)
             out.append(None if x is None or y is None else x - y)
     return out
-
-
-def offpolicy_outside(run: dict) -> float | None:
-    """Mean share of off-policy tokens (updates 2, 3, ... of a step) outside [0.8, 1.2]."""
-    values = [v for r in run["rows"] for v in (r.get("update/outside") or [])[1:]]
-    return mean_of(values)
 
 
 # --- the experiments ------------------------------------------------------------------------
@@ -431,13 +425,21 @@ def width_section(runs: list[dict], plots: Path, out: dict) -> list[str]:
     ci = t_interval(diffs)
     out["width: first-token entropy at 0.8 accuracy, band-kl 0.05 vs clip 0.2"] = (
         ci, verdict(ci))
-    token = t_interval(paired([dict(r, width=None) for r in pair], "band-kl", "clip",
+    unlabelled = [dict(r, width=None) for r in pair]
+    token = t_interval(paired(unlabelled, "band-kl", "clip",
                               lambda r: mean_of(series(r, "entropy"))))
     out["width: token entropy of the samples, mean over steps, band-kl 0.05 vs clip 0.2"] = (
         token, verdict(token))
     lines += ["", "At equal accuracy (the first step at 0.8), the held-out first-token entropy, "
               f"band-kl {PRESET_DELTA:g} minus clip 0.2, paired by seed: {fmt(ci)}; "
-              f"{verdict(ci)} (claim 2 predicts a higher entropy for the band)."]
+              f"{verdict(ci)} (claim 2 predicts a higher entropy for the band). The token "
+              "entropy of the samples at the first step reaching each accuracy level, paired "
+              "on the seeds that reach it under both losses:", ""]
+    for level in ENTROPY_LEVELS:
+        at = t_interval(paired(unlabelled, "band-kl", "clip", entropy_at(level)))
+        out[f"width: token entropy at accuracy {level:g}, band-kl 0.05 vs clip 0.2"] = (
+            at, verdict(at))
+        lines.append(f"* accuracy {level:g}: {fmt(at)}; {verdict(at)}")
     _plot_width(fam, kl, plots / "claims_width.png")
     lines += ["", "![width](claims_width.png)"]
     return lines
@@ -631,9 +633,10 @@ def write_report(results: dict[str, list[dict]], out_dir: Path, machine: str) ->
             "method over every t-tested row of this table, which says which would survive a "
             "correction for testing many at once. Each test answers one question only. The "
             f"dose runs at share 0.06 are the width control's runs, so `{DUPLICATE}` is not "
-            "counted. The decisive control of band against Clip-Higher, planned before its "
-            "runs, has its own primary tests and correction (section *Band or higher upper "
-            "clip?* below).", "", *summary, "",
+            "counted. The decisive control of band against Clip-Higher and the step-1 "
+            "replay on SmolLM2 (E4), each planned before its runs, have their own tests and "
+            "corrections (sections *Band or higher upper clip?* and *E4* below).", "",
+            *summary, "",
             "Per seed (or, for the step-1 replay, per prompt), the differences behind each "
             "verdict:", "", "![paired differences](claims_paired.png)", "", *body]
     path = out_dir / "claims.md"

@@ -161,9 +161,9 @@ def e4_pilot_runs(base: dict) -> list[dict]:
 
 
 def offpolicy_outside(run: dict) -> float | None:
-    """The share of tokens outside [0.8, 1.2] in the step-1 updates after the first (the
-    first sees the weights that sampled)."""
-    values = (step1("update/outside")(run) or [])[1:]
+    """The mean share of tokens outside [0.8, 1.2] in the off-policy updates of a run's
+    steps (updates 2, 3, ...: the first sees the weights that sampled)."""
+    values = [v for r in run["rows"] for v in (r.get("update/outside") or [])[1:]]
     return statistics.fmean(values) if values else None
 
 
@@ -234,6 +234,21 @@ def steps_to(run: dict, target: float = TARGET) -> int:
         if r.get("accuracy") is not None and r["accuracy"] >= target:
             return r["step"]
     return run["config"]["steps"] + 1
+
+
+#: held-out accuracies at which the entropy endpoints compare losses (exploratory)
+ENTROPY_LEVELS = (0.5, 0.65, 0.8)
+
+
+def entropy_at(level: float, key: str = "entropy"):
+    """The endpoint ``key`` (the token entropy of the samples by default) at the first step
+    whose held-out accuracy reaches ``level``: losses compared at equal accuracy, not at
+    equal step (None for a run that never reaches it)."""
+    def value(run: dict) -> float | None:
+        return next((r.get(key) for r in run["rows"]
+                     if r.get("accuracy") is not None and r["accuracy"] >= level), None)
+    value.__name__ = f"{key} at accuracy {level:g}"
+    return value
 
 
 def step1(key: str):

@@ -75,6 +75,17 @@ def _e1(runs: list[dict]) -> list[str]:
                 f"{_num(_mean(map(c.step1('kl/update'), mine)), '.4f')} | "
                 f"{'' if family == c.BAND else _ci(diff)} |")
         lines += ["", f"Selected Clip-Higher: {chosen or 'not yet (' + why + ')'}.", ""]
+        others = [f for f in ("clip", chosen) if f]
+        lines += ["Token entropy of the samples at the first step whose held-out accuracy "
+                  "reaches a level, band minus each loss, paired on the test seeds that reach "
+                  "it under both (raw 95 % intervals; exploratory):", "",
+                  "| accuracy | " + " | ".join(f"band - {f}" for f in others) + " |",
+                  "|---|" + "---|" * len(others)]
+        for level in c.ENTROPY_LEVELS:
+            lines.append(f"| {level:g} | " + " | ".join(
+                _ci(c.paired_test(c.paired_diffs(cell, f, c.entropy_at(level), c.TEST_SEEDS)))
+                for f in others) + " |")
+        lines.append("")
         shown = [f for f in ("clip", c.BAND, chosen, "clip-nolow", "dcpo") if f]
         lines += ["Step-1 change of log p of the sampled tokens by old probability and sign "
                   "of the advantage (mean over all 20 seeds; exploratory):", "",
@@ -100,15 +111,16 @@ def _edge(runs: list[dict], e1: list[dict]) -> list[str]:
     for share in c.SHARES:
         cell = c._cell(runs, share=share) + [r for r in c._cell(e1, share=share)
                                              if r["family"] in (c.BAND, "ch-4")]
-        for family in ("ch-4", *(f"ch-{e:g}" for e in c.EDGE_HIGH)):
+        for family in (c.BAND, "ch-4", *(f"ch-{e:g}" for e in c.EDGE_HIGH)):
             mine = [r for r in cell if r["family"] == family]
             if not mine:
                 continue
             sel = [r for r in mine if r["seed"] in c.SELECT_SEEDS]
             test = [r for r in mine if r["seed"] in c.TEST_SEEDS]
-            diff = c.paired_test(c.paired_diffs(cell, family, c.mean_accuracy, c.TEST_SEEDS))
+            diff = "" if family == c.BAND else _ci(c.paired_test(
+                c.paired_diffs(cell, family, c.mean_accuracy, c.TEST_SEEDS)))
             lines.append(f"| {share:g} | {family} | {_num(_mean(map(c.mean_accuracy, sel)))} | "
-                         f"{_num(_mean(map(c.mean_accuracy, test)))} | {_ci(diff)} |")
+                         f"{_num(_mean(map(c.mean_accuracy, test)))} | {diff} |")
     return lines + [""]
 
 

@@ -195,3 +195,18 @@ def test_e4_pairs_prompts_within_a_seed_and_tests_over_seeds():
     assert controls.e4_verdict("A-", test, 0.01) == \
         "band lowers A < 0 tail tokens more than clip"
     assert controls.e4_verdict("A+", test, 0.2) == "no difference shown"
+
+
+def test_entropy_is_read_at_the_first_step_that_reaches_the_accuracy():
+    run = {"rows": [{"step": 1, "accuracy": 0.3, "entropy": 0.9},
+                    {"step": 2, "entropy": 0.8},  # not evaluated
+                    {"step": 3, "accuracy": 0.7, "entropy": 0.6},
+                    {"step": 4, "accuracy": 0.9, "entropy": 0.4}]}
+    assert controls.entropy_at(0.65)(run) == 0.6
+    assert controls.entropy_at(0.7)(run) == 0.6
+    assert controls.entropy_at(0.8)(run) == 0.4
+    assert controls.entropy_at(0.95)(run) is None
+    assert controls.offpolicy_outside({"rows": [{"update/outside": [0.0, 0.2, 0.4]},
+                                                {"update/outside": [0.0, 0.6]}]}) \
+        == pytest.approx(0.4)
+    assert controls.offpolicy_outside({"rows": [{"update/outside": [0.0]}]}) is None
