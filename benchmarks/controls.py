@@ -236,14 +236,14 @@ def steps_to(run: dict, target: float = TARGET) -> int:
     return run["config"]["steps"] + 1
 
 
-#: held-out accuracies at which the entropy endpoints compare losses (exploratory)
+#: accuracies at which the entropy endpoints compare losses (exploratory)
 ENTROPY_LEVELS = (0.5, 0.65, 0.8)
 
 
 def entropy_at(level: float, key: str = "entropy"):
     """The endpoint ``key`` (the token entropy of the samples by default) at the first step
-    whose held-out accuracy reaches ``level``: losses compared at equal accuracy, not at
-    equal step (None for a run that never reaches it)."""
+    whose accuracy (on the evaluation prompts) reaches ``level``: losses compared at equal
+    accuracy, not at equal step (None for a run that never reaches it)."""
     def value(run: dict) -> float | None:
         return next((r.get(key) for r in run["rows"]
                      if r.get("accuracy") is not None and r["accuracy"] >= level), None)
