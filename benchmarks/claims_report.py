@@ -409,23 +409,12 @@ def width_section(runs: list[dict], plots: Path, out: dict) -> list[str]:
     if best:
         out[f"width: band-kl {PRESET_DELTA:g} vs the clip family at equal KL (steps)"] = best
 
-    def entropy_at_target(run):
-        """First-token entropy at the first step with accuracy 0.8 (None: never)."""
-        return next((r.get("entropy/first") for r in run["rows"]
-                     if r.get("accuracy") is not None and r["accuracy"] >= TARGET), None)
-
     pair = [r for r in runs if (r["family"], r["width"]) in (("band-kl", PRESET_DELTA),
                                                              ("clip", 0.2))]
-    by = {(r["family"], r["seed"]): r for r in pair}
-    diffs = []
-    for (f, s), run in by.items():
-        if f == "band-kl" and ("clip", s) in by:
-            a, b = entropy_at_target(run), entropy_at_target(by[("clip", s)])
-            diffs.append(None if a is None or b is None else a - b)
-    ci = t_interval(diffs)
+    unlabelled = [dict(r, width=None) for r in pair]
+    ci = t_interval(paired(unlabelled, "band-kl", "clip", entropy_at(TARGET, "entropy/first")))
     out["width: first-token entropy at 0.8 accuracy, band-kl 0.05 vs clip 0.2"] = (
         ci, verdict(ci))
-    unlabelled = [dict(r, width=None) for r in pair]
     token = t_interval(paired(unlabelled, "band-kl", "clip",
                               lambda r: mean_of(series(r, "entropy"))))
     out["width: token entropy of the samples, mean over steps, band-kl 0.05 vs clip 0.2"] = (

@@ -28,8 +28,22 @@ def _ci(test: dict | None, digits: int = 3) -> str:
             f" (n = {test['n']})")
 
 
-def _step1_dlogp(runs: list[dict], side: str, b: str) -> float | None:
-    return _mean(c.step1(f"dlogp/{side}/{b}")(r) for r in runs)
+def _bins() -> list[tuple[str, str]]:
+    """The (sign of A, old-p bin) columns of the step-1 log-p change tables."""
+    from fbands.rl.diagnostics import P_OLD_BINS
+
+    return [(side, b) for side in ("A+", "A-") for b in P_OLD_BINS]
+
+
+def _bin_head() -> str:
+    return " | ".join(f"A{'>' if side == 'A+' else '<'}0 {b}" for side, b in _bins())
+
+
+def _bin_cells(runs: list[dict]) -> str:
+    """The mean step-1 change of log p of ``runs``' sampled tokens, per column of
+    :func:`_bins`."""
+    return " | ".join(_num(_mean(c.step1(f"dlogp/{side}/{b}")(r) for r in runs), "+.3f")
+                      for side, b in _bins())
 
 
 def primary_rows(results: dict[str, list[dict]]) -> list[tuple[str, dict | None, float, str]]:
@@ -42,8 +56,6 @@ def primary_rows(results: dict[str, list[dict]]) -> list[tuple[str, dict | None,
 
 
 def _e1(runs: list[dict]) -> list[str]:
-    from fbands.rl.diagnostics import P_OLD_BINS
-
     lines = ["## E1: the band against Clip-Higher (built-in model, `tail`)", "",
              "40 steps; evaluation on the fifth of the prompts that neither the warm start "
              "nor RL trains on; seeds 10-19 choose the Clip-Higher width, seeds 20-29 test. "
@@ -89,14 +101,10 @@ def _e1(runs: list[dict]) -> list[str]:
         shown = [f for f in ("clip", c.BAND, chosen, "clip-nolow", "dcpo") if f]
         lines += ["Step-1 change of log p of the sampled tokens by old probability and sign "
                   "of the advantage (mean over all 20 seeds; exploratory):", "",
-                  "| loss | " + " | ".join(f"A>0 {b}" for b in P_OLD_BINS) + " | "
-                  + " | ".join(f"A<0 {b}" for b in P_OLD_BINS) + " |",
-                  "|---|" + "---|" * (2 * len(P_OLD_BINS))]
+                  f"| loss | {_bin_head()} |", "|---|" + "---|" * len(_bins())]
         for family in shown:
             mine = [r for r in cell if r["family"] == family]
-            lines.append(f"| {family} | " + " | ".join(
-                _num(_step1_dlogp(mine, side, b), "+.3f")
-                for side in ("A+", "A-") for b in P_OLD_BINS) + " |")
+            lines.append(f"| {family} | {_bin_cells(mine)} |")
         lines.append("")
     return lines
 
@@ -125,8 +133,6 @@ def _edge(runs: list[dict], e1: list[dict]) -> list[str]:
 
 
 def _e4(runs: list[dict], pilot: list[dict]) -> list[str]:
-    from fbands.rl.diagnostics import P_OLD_BINS
-
     rates = ", ".join(f"lr {(r['width'] or {}).get('lr'):g}: "
                       f"{_num(c.offpolicy_outside(r), '.3f')}" for r in pilot)
     try:
@@ -159,9 +165,7 @@ def _e4(runs: list[dict], pilot: list[dict]) -> list[str]:
               "step, and the change of log p of the sampled tokens by old probability and sign "
               "of A; band minus loss, paired by seed, for KL and log P(Yes):", "",
               "| loss | step KL | log P(Yes) | band - loss: KL | band - loss: log P(Yes) | "
-              + " | ".join(f"A>0 {b}" for b in P_OLD_BINS) + " | "
-              + " | ".join(f"A<0 {b}" for b in P_OLD_BINS) + " |",
-              "|---|---|---|---|---|" + "---|" * (2 * len(P_OLD_BINS))]
+              f"{_bin_head()} |", "|---|---|---|---|---|" + "---|" * len(_bins())]
     kl, logp = c.step1("kl/update"), c.step1("logp_correct")
     for family in c.E4_LOSSES:
         mine = [r for r in runs if r["family"] == family]
@@ -172,8 +176,7 @@ def _e4(runs: list[dict], pilot: list[dict]) -> list[str]:
             for f in (kl, logp)]
         lines.append(f"| {family} | {_num(_mean(map(kl, mine)), '.4f')} | "
                      f"{_num(_mean(map(logp, mine)), '.3f')} | " + " | ".join(diffs) + " | "
-                     + " | ".join(_num(_step1_dlogp(mine, side, b), "+.3f")
-                                  for side in ("A+", "A-") for b in P_OLD_BINS) + " |")
+                     f"{_bin_cells(mine)} |")
     return lines + [""]
 
 

@@ -142,9 +142,10 @@ def tail_change_per_prompt(logp_old, logp_new, advantages, mask,
     rows = []
     for side in (advantages > 0, advantages < 0):
         sel = (tail & side[:, None]).double()
-        rows += [(delta * sel).view(-1, group_size * sel.shape[1]).sum(-1),
-                 sel.view(-1, group_size * sel.shape[1]).sum(-1)]
-    up, n_up, down, n_down = torch.stack(rows).tolist()  # one host read
+        rows += [delta * sel, sel]
+    # each row summed over its prompt's samples and tokens
+    sums = torch.stack(rows).view(len(rows), -1, group_size * delta.shape[1]).sum(-1)
+    up, n_up, down, n_down = sums.tolist()  # one host read
     return {f"dlogp/tail_{name}_per_prompt": [s / c if c else None
                                               for s, c in zip(sums, counts, strict=True)]
             for name, sums, counts in (("A+", up, n_up), ("A-", down, n_down))}
