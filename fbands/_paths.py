@@ -33,7 +33,8 @@ EXACT = "exact"
 #: graph), by the fixed-count solver on the device.
 DEVICE_TABLE = "device-table"
 #: torch: the grid of the (divergence, delta) pair read on the tensor's device, a fixed
-#: graph of seventeen kernels with no host read (:mod:`fbands.tables.grid`).
+#: graph of eighteen aten ops (twelve kernels) with no host read
+#: (:mod:`fbands.tables.grid`).
 DEVICE_GRID = "device-grid"
 #: torch: a CPU tensor with a radius per element, handed to the numpy backend's exact
 #: solver through a zero-copy numpy view.

@@ -7,8 +7,8 @@ torch paths, and :func:`fbands._dispatch.compute` calls them:
 
 * ``device-grid`` (log-edges of float32, bf16 or fp16 log-probabilities on a device other
   than the CPU, one scalar ``delta``: a policy loss on a GPU): the grid of the pair
-  (:mod:`fbands.tables.grid`), a fixed graph of seventeen kernels with no host read
-  (:func:`device_grid`).
+  (:mod:`fbands.tables.grid`), a fixed graph of eighteen aten ops (twelve kernels) with no
+  host read (:func:`device_grid`).
 
 * ``device-table`` (a tensor and one scalar ``delta``, not served by the grid: the usual
   call on the CPU, and ratios or float64 on a GPU): the interpolation tables of the
@@ -254,7 +254,7 @@ def device_solver(div, p, delta, request: Request, *, probe: bool):
 def device_grid(div, p, d: float, request: Request, *, sync: bool):
     """The ``device-grid`` path (log-edges of log-probabilities, ``logp`` and ``log``
     true): every element read from the float32 grid of ``(div, d)``
-    (:mod:`fbands.tables.grid`) on ``p``'s device, a fixed graph of seventeen kernels with no
+    (:mod:`fbands.tables.grid`) on ``p``'s device, a fixed graph of eighteen aten ops with no
     host read; ``check=True`` adds one, to validate.
 
     A radius new to the process whose grid is not in the disk cache reads the tables on

@@ -91,12 +91,12 @@ def read(tab: DeviceTable, x, *, logp: bool, log: bool):
 
 @dataclass(frozen=True)
 class DeviceGrid:
-    """One :class:`~.grid.Grid` on one device: its cut points and rows as tensors of its
-    dtype, and the exponents ``0..DEG`` its polynomials are read with."""
+    """One :class:`~.grid.Grid` on one device: its cut points as a tensor of its dtype, its
+    lowest float, and its rows packed as :func:`.grid.pack_rows` does."""
 
     bounds: torch.Tensor
-    rows: torch.Tensor
-    exponents: torch.Tensor
+    lowest: float
+    packed: torch.Tensor
 
 
 _GRIDS = STATE.memo("device grids", "band grids on a device, by (divergence key, delta, "
@@ -130,9 +130,8 @@ def device_grid(div, d: float, dtype: str, device, *, wait: bool = True) -> Devi
             return None  # (not remembered: the next call builds it)
         found = None
         if g is not None and (dtype != "float32" or g.worst <= grid.FLOAT32_BOUND):
-            exps = np.arange(grid.DEG + 1, dtype=g.bounds.dtype)
-            found = DeviceGrid(*(torch.from_numpy(a).to(device)
-                                 for a in (g.bounds, g.rows, exps)))
+            found = DeviceGrid(torch.from_numpy(g.bounds).to(device), float(g.bounds[0]),
+                               torch.from_numpy(grid.pack_rows(g.rows)).to(device))
         _GRIDS.put(key, found)
     if found is not None and not torch.compiler.is_compiling() and _capturing(device):
         _CAPTURED.put(key, found)
@@ -145,4 +144,4 @@ _NONE = object()  # (a grid remembered as None: none meets the bound)
 def read_grid(g: DeviceGrid, x):
     """``(log lower, log upper)`` of the tensor ``x`` of log-probabilities (in the grid's
     dtype, on its device, any shape): :func:`.grid.read_grid` in torch operations."""
-    return grid.read_grid(g.bounds, g.rows, x, torch, g.exponents)
+    return grid.read_grid(g.bounds, g.lowest, g.packed, x, torch)
