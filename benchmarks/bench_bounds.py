@@ -654,8 +654,8 @@ def markdown(report: dict) -> str:
                f"{de['max_ratio']:.2f}.", ""] if de else []),
             "Data `llm`: p half uniform on (0, 1), half with 1 - p "
             "log-uniform on [1e-7, 0.1]. "
-            "`torch` = CPU tensors through the torch backend (its default path: since "
-            "tensors stopped reaching numba, the same as `torch-table`); "
+            "`torch` = CPU tensors through the torch backend (its default path: the closed "
+            "forms for tv and chi2, `device-closed`; the same as `torch-table` for kl); "
             "`torch-table` = `path=\"device-table\"` of the torch backend: the tables read by "
             "torch operations, the few elements they leave solved on the host after one "
             "synchronisation (an eager CUDA call's path, here on CPU tensors); "

@@ -16,14 +16,14 @@ Sections:
 
 1. ``accuracy``: :func:`fbands.bounds` and :func:`fbands.log_bounds` (``logp=True``) of
    every built-in divergence (kl, reverse_kl, tv, chi2, neyman_chi2, hellinger, js,
-   alpha(a=0.5)) for float64, float32 and bfloat16 input on the device, by the device
-   paths (one scalar radius, 0.05: ``device-grid`` for log-edges of float32 and bfloat16
-   log-probabilities, ``device-table`` otherwise; a radius per token from {1e-4, 0.05,
-   1}: ``device-solver``), against the float64 numpy backend on the CPU fed the same
-   (rounded) inputs: the largest relative error, the largest distance in units in the
-   last place of the output dtype, the number of elements that differ from the reference
-   rounded to that dtype, and the number whose bits differ from the same call on a CPU
-   tensor (the same torch code on the host).
+   alpha(a=0.5)) for float64, float32 and bfloat16 input on the device, by the device paths
+   (one scalar radius, 0.05: ``device-grid`` for log-edges of float32 and bfloat16
+   log-probabilities, ``device-closed`` for ratios of tv and chi2, ``device-table``
+   otherwise; a radius per token from {1e-4, 0.05, 1}: ``device-solver``), against the
+   float64 numpy backend on the CPU fed the same (rounded) inputs: the largest relative
+   error, the largest distance in units in the last place of the output dtype, the number of
+   elements that differ from the reference rounded to that dtype, and the number whose bits
+   differ from the same call on a CPU tensor (the same torch code on the host).
 2. ``syncs``: host synchronisations of one steady-state call, for the band calls, the
    sync-free calls (what ``torch.compile`` and CUDA graphs run), ``precompute_band`` and
    ``policy_loss`` with its backward pass.  On CUDA they are counted twice: the warnings of
@@ -42,8 +42,8 @@ Sections:
    ``graph`` replays the call captured in a CUDA graph: the device's time alone, no
    launch gaps and no host round trip in the measured region.  ``eager`` is the call as
    a trainer makes it; ``log_bounds(log p)`` reads the grid with no wait, while
-   ``bounds(p)`` (the tables) waits once for the device to count the tokens the tables
-   leave, so its time includes that round trip by design and is reported beside the
+   ``bounds(p)`` (kl's tables, tv's closed forms) waits once for the device to count the
+   tokens they leave, so its time includes that round trip by design and is reported beside the
    graph's, never as the device's cost.
 5. ``loss_step``: one training step (forward, ``precompute_band`` + ``policy_loss``,
    backward, AdamW step) of a model with SmolLM2-135M's shape and random weights, on a
@@ -347,6 +347,17 @@ def accuracy_inputs(n: int) -> tuple[np.ndarray, np.ndarray]:
     return p, lp
 
 
+def scalar_path(div: str, logp: bool) -> str:
+    """The path a CUDA tensor's call with one scalar radius takes, bar the grid: the
+    closed forms where they serve the call (ratios of tv, chi2), else the tables."""
+    try:
+        _dispatch.plan(fbands.get(div), torch.zeros(1), DELTA, logp=logp, log=False,
+                       path="device-closed")
+    except fbands.BandError:
+        return "device-table"
+    return "device-closed"
+
+
 def band_call(name: str, div: str, x, delta, *, logp: bool, path: str, cuda: bool):
     """The public call on a CUDA tensor; on a CPU tensor the same torch path, forced (the
     CPU would otherwise take the host path for a radius per token)."""
@@ -373,7 +384,7 @@ def section_accuracy(dev, args, clock: Clock) -> dict:
                 deltas = torch.from_numpy(np.resize(np.array(TOKEN_DELTAS), x.shape))
                 deltas = deltas.to(x.dtype if dtype != torch.bfloat16 else torch.float32)
                 ref_fn = fbands.log_bounds if name == "log_edges" else fbands.bounds
-                paths = [("device-table", DELTA, DELTA),
+                paths = [(scalar_path(div, logp), DELTA, DELTA),
                          ("device-solver", deltas, deltas.double().numpy())]
                 if logp and dtype != torch.float64:  # what a GPU's loss reads
                     paths.insert(0, ("device-grid", DELTA, DELTA))
@@ -861,7 +872,8 @@ def summary(report: dict) -> str:
                   "| dtype | path | call | max rel err | max ulp | differ from ref | "
                   "differ from CPU | beyond range | ok |", "|---|---|---|---|---|---|---|---|---|"]
         for dtype in DTYPES:
-            for path in ("device-grid", "device-table", "device-solver", "host"):
+            for path in ("device-grid", "device-closed", "device-table", "device-solver",
+                         "host"):
                 for call in ("bounds", "log_bounds"):
                     rs = [r for r in acc["rows"] if (r["dtype"], r["path"], r["call"])
                           == (dtype, path, call)]

@@ -24,6 +24,7 @@ from fbands._inputs import Request, check_kind, is_tensor, scalar_delta, work_dt
 from fbands._optional import raise_missing
 from fbands._paths import (
     CLOSED_PASS,
+    DEVICE_CLOSED,
     DEVICE_GRID,
     DEVICE_SOLVER,
     DEVICE_TABLE,
@@ -78,7 +79,7 @@ def plan(div: Divergence, p: Any, delta: Any, *, backend: str = "auto", logp: bo
     numba     float32/float64 array of size > 0, one valid scalar ``delta`` below  closed-pass
               :data:`~fbands._refine.HUGE_DELTA`,
               ratios of ``p`` (neither ``logp`` nor ``log``), closed forms of
-              both edges with no squaring (:func:`fbands._jit.backend.has_closed_pass`)
+              both edges with no squaring (:attr:`Divergence.closed_form_edges`)
     numba     float32/float64 array of size > 0, one valid scalar ``delta`` of     table
               at least :data:`TABLE_DELTA_MIN`
     numba     otherwise (per-element ``delta``, a scalar ``p``, other dtypes,      exact
@@ -87,6 +88,10 @@ def plan(div: Divergence, p: Any, delta: Any, *, backend: str = "auto", logp: bo
     torch     float32/bf16/fp16 tensor of log p not on the CPU (meta included),    device-grid
               log-edges, one valid scalar ``delta`` of at least
               :data:`TABLE_DELTA_MIN`
+    torch     floating tensor (meta included), ratios of ``p``, one valid scalar  device-closed
+              ``delta`` below :data:`~fbands._refine.HUGE_DELTA`, closed forms of
+              both edges with no squaring and a finite ``f(0)`` (tv, chi2), a
+              device with float64
     torch     floating tensor with values (not meta), one valid scalar ``delta``    device-table
               (a number on the host) of at least :data:`TABLE_DELTA_MIN`, a device
               with float64 (not MPS); the CPU included
@@ -120,6 +125,7 @@ def plan(div: Divergence, p: Any, delta: Any, *, backend: str = "auto", logp: bo
         return Plan(backend, EXACT)
     backend_module("torch")  # (without torch: an error that names the extra to install)
     reasons = {DEVICE_GRID: _why_not_device_grid(p, delta, logp=logp, log=log),
+               DEVICE_CLOSED: _why_not_device_closed(div, p, delta, logp=logp, log=log),
                DEVICE_TABLE: _why_not_device_table(p, delta), HOST: _why_not_host(p, delta),
                DEVICE_SOLVER: None}
     if path is None and reasons[DEVICE_GRID] is None and p.device.type == "cpu":
@@ -144,7 +150,7 @@ def _numba_path(div, p, delta, *, logp: bool, log: bool) -> str:
     if (d is None or not is_positive(d) or not isinstance(p, np.ndarray)
             or p.dtype not in (np.float32, np.float64) or p.size == 0):
         return EXACT
-    if not (logp or log) and d < HUGE_DELTA and backend_module("numba").has_closed_pass(div):
+    if not (logp or log) and d < HUGE_DELTA and div.closed_form_edges:
         return CLOSED_PASS
     return TABLE if d >= TABLE_DELTA_MIN else EXACT
 
@@ -270,6 +276,28 @@ def _why_not_device_grid(p, delta, *, logp: bool, log: bool) -> str | None:
         return f"grids serve radii from {TABLE_DELTA_MIN:g} on (delta is {d:g})"
     if not (logp and log) or p.dtype == _torch().float64:
         return "grids serve log-edges of float32, bfloat16 and float16 log-probabilities"
+    return None
+
+
+def _why_not_device_closed(div: Divergence, p, delta, *, logp: bool,
+                           log: bool) -> str | None:
+    """Why the closed forms cannot serve the call on p's device (None: they can)."""
+    if not _is_float_tensor(p):
+        return "p is not a floating-point tensor"
+    d = _one_radius(delta)
+    if d is None:
+        return "delta is not one valid number (a radius per element takes the solver)"
+    if d >= HUGE_DELTA:
+        return f"radii from {HUGE_DELTA:g} on take the exact solver (delta is {d:g})"
+    if logp or log:
+        return "the closed-form path gives ratios of p"
+    if not (div.closed_form_edges and math.isfinite(div.f0)):
+        # (An infinite f(0): a lower edge that only tends to 0, whose small values, a few
+        # percent of LLM-shaped tokens, the closed forms leave to the host; the tables
+        # serve them.)
+        return f"{div.name}'s edges are not both unsquared closed forms reaching r = 0"
+    if work_dtype(p.device) != _torch().float64:
+        return f"{p.device.type} has no float64 (the closed forms are solved in float64)"
     return None
 
 

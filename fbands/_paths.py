@@ -9,16 +9,16 @@ operation,
   what the call asks besides its data in ``request`` (:class:`fbands._inputs.Request`);
 
 and two backends answer a question that only they can, for the plan or for autograd:
-numba ``has_closed_pass(div)`` and ``is_ready(div, dtype)`` (compiled ahead), torch
-``wants_grad(p, delta)`` and ``with_grad(...)``.
+numba ``is_ready(div, dtype)`` (compiled ahead), torch ``wants_grad(p, delta)`` and
+``with_grad(...)``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CLOSED_PASS", "DEVICE_GRID", "DEVICE_SOLVER", "DEVICE_TABLE", "EXACT", "HOST",
-           "PATHS", "TABLE", "Plan"]
+__all__ = ["CLOSED_PASS", "DEVICE_CLOSED", "DEVICE_GRID", "DEVICE_SOLVER", "DEVICE_TABLE",
+           "EXACT", "HOST", "PATHS", "TABLE", "Plan"]
 
 #: numba: the closed forms of both edges, chosen and clamped without a branch, in one pass.
 CLOSED_PASS = "closed-pass"
@@ -36,6 +36,10 @@ DEVICE_TABLE = "device-table"
 #: graph of eighteen aten ops (twelve kernels) with no host read
 #: (:mod:`fbands.tables.grid`).
 DEVICE_GRID = "device-grid"
+#: torch: the closed forms of both edges on the tensor's device, in float64, as numba's
+#: closed-form pass takes them; the elements they cannot vouch for are finished as on
+#: ``device-table``.
+DEVICE_CLOSED = "device-closed"
 #: torch: a CPU tensor with a radius per element, handed to the numpy backend's exact
 #: solver through a zero-copy numpy view.
 HOST = "host"
@@ -46,7 +50,7 @@ PATHS = {
     "numpy": (EXACT,),
     "cvxpy": (EXACT,),
     "numba": (CLOSED_PASS, TABLE, EXACT),
-    "torch": (DEVICE_GRID, DEVICE_TABLE, HOST, DEVICE_SOLVER),
+    "torch": (DEVICE_GRID, DEVICE_CLOSED, DEVICE_TABLE, HOST, DEVICE_SOLVER),
 }
 
 
@@ -56,10 +60,12 @@ class Plan:
 
     ``backend`` and ``path``: who computes it and how (:data:`PATHS`).  ``sync``: on the
     torch device paths, whether the call may wait for the device, once: to count and solve
-    on the host what the tables leave (``device-table``), and to skip the solver branches
-    no element needs (``device-solver``); a traced or captured call may not, and does both
-    on the device.  ``capacity`` (tests and benchmarks): the size of the sync-free fix-up
-    buffer of ``device-table`` (None: :func:`fbands.backends.torch_backend.capacity`).
+    on the host what the tables or the closed forms leave (``device-table``,
+    ``device-closed``), and to skip the solver branches no element needs
+    (``device-solver``); a traced or captured call may not, and does both on the device.
+    ``capacity`` (tests and benchmarks): the size of the sync-free fix-up buffer of
+    ``device-table`` and ``device-closed`` (None:
+    :func:`fbands.backends.torch_backend.capacity`).
     """
 
     backend: str

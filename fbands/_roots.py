@@ -134,6 +134,21 @@ def squared_edge(fun: BandFunction, edge: str):
     return best
 
 
+def squared_flags(derivation) -> dict[str, tuple]:
+    """The closed forms a :class:`fbands.symbolic.Derivation` has, as :func:`unsquared`
+    reads them: ``{name: (None, squared)}``."""
+    forms = {"upper": derivation.upper, "lower": derivation.lower,
+             "lower_y": derivation.lower_y}
+    return {name: (None, cf.squared) for name, cf in forms.items() if cf is not None}
+
+
+def both_unsquared(derivation) -> bool:
+    """Whether both edges of a :class:`fbands.symbolic.Derivation` are solved by unsquared
+    closed forms: no root needs checking against ``g``."""
+    forms = squared_flags(derivation)
+    return unsquared(forms, "upper") and unsquared(forms, "lower")
+
+
 def unsquared(closed: dict, edge: str) -> bool:
     """Whether ``edge`` is solved by its unsquared closed forms (:func:`upper_root`,
     :func:`lower_root`), rather than by checking the roots of a form against ``g``."""

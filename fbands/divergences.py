@@ -26,6 +26,7 @@ import sympy as sp
 
 from fbands import _checks, _derived, _expr, _generators, _presets, symbolic
 from fbands._generators import BUILTIN_FAMILIES, BUILTIN_GENERATORS
+from fbands._roots import both_unsquared
 from fbands._state import STATE
 from fbands.errors import DivergenceError
 
@@ -104,6 +105,11 @@ class Divergence:
         """True when both edges have a closed form."""
         d = self.derivation
         return d.upper is not None and d.lower is not None
+
+    @cached_property
+    def closed_form_edges(self) -> bool:
+        """Whether both edges are unsquared closed-form roots (the closed-form passes)."""
+        return both_unsquared(self.derivation)
 
     def lower_limit_at_one(self, delta: float) -> float:
         """``r* = lim_{p -> 1} lower(p, delta)``: the root in ``[0, 1]`` of ``f(r) + (1 - r)
@@ -341,9 +347,8 @@ def _family_member(name: str, values: dict[str, Any]) -> Divergence:
     missing = [k for k in params if k not in values]
     unknown = [k for k in values if k not in params]
     if missing or unknown:
-        raise DivergenceError(
-            f"{name} takes parameters {list(params)}; missing {missing}, unknown {unknown}"
-        )
+        raise DivergenceError(f"{name} takes parameters {list(params)}; missing {missing}, "
+                              f"unknown {unknown}")
     subs = {sp.Symbol(k, real=True): _generators.param_value(name, k, values[k]) for k in params}
     f = expr.subs(subs)
     if not f.has(sp.nan, sp.zoo):

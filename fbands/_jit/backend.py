@@ -34,7 +34,6 @@ import numpy as np
 from fbands import _solver
 from fbands._inputs import NumpyInputs, Request, check_values, invalid_masks
 from fbands._jit import loader, table_kernels, threads
-from fbands._jit.codegen import has_closed_pass
 from fbands._jit.loader import is_ready
 from fbands._jit.prims import BLOCK, unfinished
 from fbands._paths import CLOSED_PASS, EXACT, TABLE, Plan
@@ -44,7 +43,7 @@ from fbands.tables.build import LAYOUTS, Filler, Table
 from fbands.tables.cache import TABLES
 from fbands.tables.layout import ROW_EXP_LO, cell_count, locate_array, prepare_z_array
 
-__all__ = ["closed_pass", "exact", "has_closed_pass", "is_ready", "precompile", "run", "table"]
+__all__ = ["closed_pass", "exact", "is_ready", "precompile", "run", "table"]
 
 
 def _layout(dtype) -> str:
@@ -212,7 +211,7 @@ def precompile(div, dtype: str) -> None:
     ratios = np.array([0.5, 1.0, 1e-300], dtype=t)
     logs = np.array([-0.7, 0.0, 2.0 * LP_CLOSED], dtype=t)
     for logp, x in ((False, ratios), (True, logs)):
-        paths = (table,) if logp or not has_closed_pass(div) else (table, closed_pass)
+        paths = (table,) if logp or not div.closed_form_edges else (table, closed_pass)
         for path in paths:
             for log in (False, True):
                 path(div, x, AHEAD_DELTA, Request(logp=logp, log=log, invalid="nan",

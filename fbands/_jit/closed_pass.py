@@ -2,9 +2,9 @@
 the closed forms, with no table, no iteration and no data-dependent branch.
 
 For a divergence whose edges both have unsquared closed forms
-(:func:`fbands._jit.codegen.has_closed_pass`), every root inside the simplex is genuine and
-``g`` is monotone on each side of 1, so each edge is the root that the solver itself takes:
-:func:`.scalar.upper_root_one` and :func:`.scalar.lower_root_one`, the scalar forms of
+(:attr:`fbands.divergences.Divergence.closed_form_edges`), every root inside the simplex is
+genuine and ``g`` is monotone on each side of 1, so each edge is the root that the solver
+itself takes: :func:`.scalar.upper_root_one` and :func:`.scalar.lower_root_one`, the scalar forms of
 :func:`fbands._solver.upper_root` and :func:`fbands._solver.lower_root`, inlined here so
 that the loop vectorises.  The upper edge is clamped to ``1 / p``; float32 output skips the
 lower edge's Newton step (an ulp of 1 is far below an ulp of float32 for the edges the pass

@@ -14,10 +14,9 @@ from __future__ import annotations
 import math
 
 from fbands import symbolic
-from fbands._solver import unsquared
-from fbands._state import STATE
+from fbands._roots import squared_flags, unsquared
 
-__all__ = ["constants", "has_closed_pass", "leaves_source"]
+__all__ = ["constants", "leaves_source"]
 
 #: The closed forms (:class:`fbands.symbolic.ClosedForm`): the upper edge in ``r - 1``, the
 #: lower one in ``r`` and in ``1 - r``; and the coefficient names of each (highest power
@@ -29,26 +28,6 @@ COEFFS = (2, 1, 0)
 def _forms(div) -> dict:
     d = div.derivation
     return {"upper": d.upper, "lower": d.lower, "lower_y": d.lower_y}
-
-
-def _squared(div) -> dict[str, tuple]:
-    """The forms ``div`` has, as :func:`fbands._solver.unsquared` reads them."""
-    return {name: (None, cf.squared) for name, cf in _forms(div).items() if cf is not None}
-
-
-def has_closed_pass(div) -> bool:
-    """Whether ``div`` gets the closed-form pass: both edges solved by their unsquared
-    closed forms (:func:`fbands._solver.unsquared`: no root needs checking against g).
-    Asked on every call of the numba backend: kept per divergence."""
-    def answer():
-        forms = _squared(div)
-        return unsquared(forms, "upper") and unsquared(forms, "lower")
-
-    return _HAS_CLOSED_PASS.get_or_make(div.key, answer)
-
-
-_HAS_CLOSED_PASS = STATE.memo("closed passes", "whether each divergence gets the numba "
-                              "closed-form pass, by divergence key", max_entries=256)
 
 
 def constants(div) -> dict[str, float | int | bool]:
@@ -66,7 +45,7 @@ def constants(div) -> dict[str, float | int | bool]:
     tail_inf = d.tail_inf if d.tail_inf is not None and d.tail_inf[0] > 0 else None
     A, k, m, B = tail_inf if tail_inf is not None else (math.nan,) * 4
     src = div.sources
-    squared = _squared(div)
+    squared = squared_flags(div.derivation)
     return {
         **{f"{name.upper()}_ZERO": cf.zero if cf is not None else (False, False)
            for name, cf in _forms(div).items()},

@@ -252,7 +252,7 @@ def _import(div, python: bool) -> Kernels:
             vars(mod).update({k: v for k, v in prims.IEEE.items() if k in vars(mod)})
     _, scalar, closed = mods
     return Kernels(name, scalar.solve_arrays, scalar.trace_arrays,
-                   closed.closed_pass if codegen.has_closed_pass(div) else None)
+                   closed.closed_pass if div.closed_form_edges else None)
 
 
 def _exec(name: str, path: Path) -> ModuleType:

@@ -2,7 +2,7 @@
 synchronisation (none on a device's loss path).
 
 Which way a call is computed is decided by :func:`fbands._dispatch.plan` (the table is in
-its docstring and in the docs' implementation notes); this module carries out the four
+its docstring and in the docs' implementation notes); this module carries out the five
 torch paths, and :func:`fbands._dispatch.compute` calls them:
 
 * ``device-grid`` (log-edges of float32, bf16 or fp16 log-probabilities on a device other
@@ -10,20 +10,23 @@ torch paths, and :func:`fbands._dispatch.compute` calls them:
   (:mod:`fbands.tables.grid`), a fixed graph of eighteen aten ops (twelve kernels) with no
   host read (:func:`device_grid`).
 
-* ``device-table`` (a tensor and one scalar ``delta``, not served by the grid: the usual
-  call on the CPU, and ratios or float64 on a GPU): the interpolation tables of the
-  (divergence, delta) pair (:mod:`fbands.tables`), copied to the device once, are read
-  with torch operations (:mod:`fbands.tables.torch_reader`: bit fields, gathers and two
-  Horner chains, a few dozen elementwise kernels).  The elements the tables leave (rows
-  marked exact, ``log p < LP_CLOSED``) are solved in one of two ways.  Eagerly, one synchronisation
-  counts them (and, with ``check=True``, the invalid input), and the numpy backend solves
-  them on the host (:func:`_fix_up_on_host`): a count and two small copies, where the
-  fixed-count solver costs tens of thousands of kernel launches.  A radius's first call
-  builds the cells its data reaches (one more copy to the host: which cells), so that
+* ``device-closed`` (ratios of ``p``, one scalar ``delta``, a divergence whose edges are
+  both unsquared closed forms reaching 0: tv, chi2): the roots of those forms in float64
+  (:func:`device_closed`), no table; what they leave is finished as on ``device-table``.
+
+* ``device-table`` (a tensor and one scalar ``delta``, not served by the grid or the closed
+  forms: the usual call on the CPU, and ratios or float64 on a GPU): the interpolation
+  tables of the (divergence, delta) pair (:mod:`fbands.tables`), copied to the device once,
+  are read with torch operations (:mod:`fbands.tables.torch_reader`: bit fields, gathers and
+  two Horner chains, a few dozen elementwise kernels).  The elements the tables leave (rows
+  marked exact, ``log p < LP_CLOSED``) are solved in one of two ways.  Eagerly, one
+  synchronisation counts them (and, with ``check=True``, the invalid input), and the numpy
+  backend solves them on the host (:func:`_fix_up_on_host`): a count and two small copies,
+  where the fixed-count solver costs tens of thousands of kernel launches.  A radius's first
+  call builds the cells its data reaches (one more copy to the host: which cells), so that
   every call answers with the same bits; from its second call on, the call reads the
-  complete tables (loaded from the disk cache, or built there once).  Nothing on this
-  path imports numba: a training process keeps no compiler and no worker threads of
-  fbands'.
+  complete tables (loaded from the disk cache, or built there once).  Nothing on this path
+  imports numba: a training process keeps no compiler and no worker threads of fbands'.
   While ``torch.compile`` traces the call or a CUDA graph is captured
   (:func:`fbands._dispatch.must_not_sync`), nothing synchronises: the leftovers are gathered
   by ``torch.nonzero_static`` into a buffer of static size :func:`capacity` and solved by
@@ -76,6 +79,7 @@ try:
 except ModuleNotFoundError as exc:
     raise_missing(exc, "the torch backend")
 
+from fbands._band_function import LP_CLOSED
 from fbands._inputs import (
     Request,
     TensorInputs,
@@ -84,14 +88,16 @@ from fbands._inputs import (
     raise_invalid,
     scalar_delta,
 )
-from fbands._paths import DEVICE_GRID, DEVICE_TABLE, HOST, Plan
+from fbands._paths import DEVICE_CLOSED, DEVICE_GRID, DEVICE_TABLE, HOST, Plan
 from fbands._refine import is_huge
-from fbands._solver import Inputs, solve
+from fbands._roots import lower_root, upper_root
+from fbands._solver import Inputs, lower_limit_at_one, solve
 from fbands._state import STATE
 from fbands.backends import numpy_backend
 from fbands.backends.torch_grad import ImplicitEdges
 from fbands.errors import BandError
 from fbands.tables import torch_reader
+from fbands.tables.build import LAYOUTS
 
 __all__ = [
     "MIN_CAPACITY", "NEWTON_STEPS", "ImplicitEdges", "TorchNamespace", "capacity",
@@ -240,6 +246,9 @@ def run(plan: Plan, div, p, delta, request: Request):
     if plan.path == DEVICE_TABLE:
         return device_table(div, p, scalar_delta(delta), request, sync=plan.sync,
                             size=plan.capacity)
+    if plan.path == DEVICE_CLOSED:
+        return device_closed(div, p, scalar_delta(delta), request, sync=plan.sync,
+                             size=plan.capacity)
     return device_solver(div, p, delta, request, probe=plan.sync)
 
 
@@ -277,14 +286,9 @@ def device_grid(div, p, d: float, request: Request, *, sync: bool):
 
 def device_table(div, p, d: float, request: Request, *, sync: bool, size=None):
     """The ``device-table`` path: every element read from the tables, then the exact
-    solver on the elements they leave (see the module docstring).
-
-    ``sync``: one synchronisation counts the leftovers (and the invalid elements, to raise
-    when ``check``), and the numpy backend solves them on the host.
-    Otherwise they go to the fixed-count solver on the device through a buffer of static
-    ``size`` (default :func:`capacity`), and any beyond it get nan; ``check``
-    then synchronises once to validate, and nothing else.
-    """
+    solver on the elements they leave (:func:`_settle`; see the module docstring).
+    ``sync``: a radius's first call builds the cells its data reaches (one more copy to the
+    host: which cells)."""
     layout = "float64" if p.dtype == torch.float64 else "float32"
     logp, log = request.logp, request.log
     with torch.no_grad():
@@ -295,29 +299,80 @@ def device_table(div, p, d: float, request: Request, *, sync: bool, size=None):
         reached = (lambda kbits: torch_reader.cells_reached(x, logp, kbits)) if sync else None
         tab = torch_reader.device_table(div, d, layout, bool(log), x.device, reached=reached)
         lo, hi, more = torch_reader.read(tab, x, logp=logp, log=log)
-        bad, _ = invalid_masks(x, d, logp)  # (d: a valid number, checked on the host)
-        zero = x == -math.inf if logp else torch.zeros_like(bad)  # the p -> 0 limit [0, inf)
-        more = more & ~(bad | zero)
-        left = None
-        if sync or request.check:  # the one synchronisation
-            n_bad, n_more = torch.stack((bad.sum(), more.sum())).tolist()
-            if n_bad and request.raises:  # indices of p's own shape
-                raise_invalid(bad.reshape(p.shape), x.reshape(p.shape), False, d, logp)
-        if sync:
-            if n_more:
-                lo, hi = _fix_up_on_host(div, x, lo, hi, more, d, request, dtype=p.dtype)
-        else:
-            size = capacity(x.numel()) if size is None else min(int(size), x.numel())
-            if size < x.numel():
-                left = more & (torch.cumsum(more, 0) > size)  # beyond the buffer: nan
-            if size:
-                lo, hi = _fix_up(div, x, d, lo, hi, more, size, logp=logp, log=log)
+        return _settle(div, p, x, d, lo, hi, more, request, sync=sync, size=size)
+
+
+#: ``exp(LP_CLOSED)``: the ``p`` below which the closed forms lose their coefficients to
+#: underflow (the solver's tails take over).
+P_CLOSED = math.exp(LP_CLOSED)
+_LIMITS = STATE.memo("closed-form limits", "the lower edge at p = 1 of the device-closed "
+                     "path, by (divergence key, delta)", max_entries=256)
+
+
+def device_closed(div, p, d: float, request: Request, *, sync: bool, size=None):
+    """The ``device-closed`` path (ratios of ``p``, a divergence whose edges are both
+    unsquared closed forms: :attr:`~fbands.divergences.Divergence.closed_form_edges`): the
+    roots of the closed forms on every element, in float64, as the numba closed-form pass
+    takes them (:func:`fbands._roots.upper_root`, :func:`fbands._roots.lower_root`, the
+    lower edge polished by a Newton step for float64 output), a few dozen elementwise
+    kernels and no table.  The elements the roots cannot vouch for (ill-conditioned
+    roots, a lower edge below the output's ``small_edge``, ``p`` below :data:`P_CLOSED`)
+    are finished as on the ``device-table`` path (:func:`_settle`)."""
+    layout = "float64" if p.dtype == torch.float64 else "float32"
+    at_one = _LIMITS.get((div.key, d))
+    if at_one is None:  # (eagerly: a traced call finds it here, a plain dict read)
+        at_one = _LIMITS.put((div.key, d), lower_limit_at_one(div, d))
+    with torch.no_grad():
+        x = p.detach().reshape(-1).to(torch.float64)
+        forms = _kernels(div, torch.float64)[2]
+        q = 1.0 - x
+        y, ill_hi = upper_root(torch, forms["upper"], x, q, d)
+        r, _, ill_lo = lower_root(torch, forms["lower_y"], forms["lower"], x, q, d,
+                                  polish=layout == "float64")
+        one = x == 1.0
+        doubt = ill_hi | ill_lo | (r.abs() < LAYOUTS[layout]["small_edge"])
+        more = (doubt & ~one) | ~((x >= P_CLOSED) & (x <= 1.0))
+        lo = torch.where(one, at_one, r.clamp(min=0.0))
+        hi = torch.where(one, 1.0, torch.minimum(1.0 + y, 1.0 / x))
+        return _settle(div, p, x, d, lo, hi, more, request, sync=sync, size=size)
+
+
+def _settle(div, p, x, d: float, lo, hi, more, request: Request, *, sync: bool, size):
+    """The end of the ``device-table`` and ``device-closed`` paths: ``lo, hi`` (float64,
+    flat, of ``x``: ``p``'s values) with the elements marked ``more`` solved exactly,
+    invalid ones nan (raised with ``check``), and ``log p = -inf`` at its limit; cast to
+    ``p``'s dtype and shape.
+
+    ``sync``: one synchronisation counts the leftovers (and the invalid elements, to raise
+    when ``check``), and the numpy backend solves them on the host.  Otherwise they go to
+    the fixed-count solver on the device through a buffer of static ``size`` (default
+    :func:`capacity`), and any beyond it get nan; ``check`` then synchronises once to
+    validate, and nothing else."""
+    logp, log = request.logp, request.log
+    bad, _ = invalid_masks(x, d, logp)  # (d: a valid number, checked on the host)
+    zero = x == -math.inf if logp else None  # the p -> 0 limit [0, inf) (p = 0: invalid)
+    more = more & ~(bad if zero is None else bad | zero)
+    left = None
+    if sync or request.check:  # the one synchronisation
+        n_bad, n_more = torch.stack((bad.sum(), more.sum())).tolist()
+        if n_bad and request.raises:  # indices of p's own shape
+            raise_invalid(bad.reshape(p.shape), x.reshape(p.shape), False, d, logp)
+    if sync:
+        if n_more:
+            lo, hi = _fix_up_on_host(div, x, lo, hi, more, d, request, dtype=p.dtype)
+    else:
+        size = capacity(x.numel()) if size is None else min(int(size), x.numel())
+        if size < x.numel():
+            left = more & (torch.cumsum(more, 0) > size)  # beyond the buffer: nan
+        if size:
+            lo, hi = _fix_up(div, x, d, lo, hi, more, size, logp=logp, log=log)
+    if zero is not None:
         lo = torch.where(zero, -math.inf if log else 0.0, lo)
         hi = torch.where(zero, math.inf, hi)
-        unknown = bad if left is None else bad | left
-        lo = torch.where(unknown, math.nan, lo)
-        hi = torch.where(unknown, math.nan, hi)
-        return lo.to(p.dtype).reshape(p.shape), hi.to(p.dtype).reshape(p.shape)
+    unknown = bad if left is None else bad | left
+    lo = torch.where(unknown, math.nan, lo)
+    hi = torch.where(unknown, math.nan, hi)
+    return lo.to(p.dtype).reshape(p.shape), hi.to(p.dtype).reshape(p.shape)
 
 
 def _fix_up(div, x, d: float, lo, hi, more, size: int, *, logp, log):

@@ -306,12 +306,12 @@ def test_check_does_not_choose_the_path(monkeypatch):
     runs = {}
     for check in (True, False):
         seen.clear()
-        fbands.bounds(p, 0.05, "tv", check=check)  # a CPU tensor: the tables
+        fbands.bounds(p, 0.05, "tv", check=check)  # a CPU tensor: the closed forms
         fbands.bounds(p, torch.full((100,), 0.05), "kl", check=check)  # per-token: on the host
         _call(False, p, 0.05, "kl", path="device", check=check)  # CUDA's path
         runs[check] = list(seen)
     assert runs[True] == runs[False] == [
-        "device-table", "host", "device-table"]
+        "device-closed", "host", "device-table"]
 
 
 def test_forced_paths_say_why_they_do_not_apply():

@@ -368,6 +368,10 @@ PATH_TABLE = [
     ("numba", "kl", lambda: 0.3, 0.05, False, False, "exact"),  # a scalar p
     ("numba", "kl", lambda: F64.astype(np.float16), 0.05, False, False, "exact"),
     ("torch", "kl", lambda: _tensor(F64), 0.05, False, False, "device-table"),  # a CPU tensor
+    ("torch", "tv", lambda: _tensor(F64), 0.05, False, False, "device-closed"),  # closed forms
+    ("torch", "tv", lambda: _tensor(F64, device="meta"), 0.05, False, False, "device-closed"),
+    ("torch", "tv", lambda: _tensor(F64), 0.05, True, False, "device-table"),  # log p
+    ("torch", "neyman_chi2", lambda: _tensor(F64), 0.05, False, False, "device-table"),
     ("torch", "kl", lambda: _tensor(F64), _tensor([0.05] * 5), False, False, "host"),
     ("torch", "kl", lambda: _tensor(F64), 1e-7, False, False, "host"),  # below the tables'
     ("torch", "kl", lambda: _tensor(F64, device="meta"), 0.05, False, False, "device-solver"),

@@ -91,12 +91,10 @@ def test_closed_form_edges_agree_with_sympy(name, p, delta):
         root = sp.nsolve(g - D, r, bracket, solver="anderson", prec=50)
         assert edge == pytest.approx(float(root), rel=1e-12), (edge, top)
     pytest.importorskip("numba")
-    from fbands._jit.codegen import has_closed_pass
-
     n_lo, n_hi = fbands.bounds(np.array([p]), delta, name, backend="numba")
     assert n_lo[0] == pytest.approx(lo, rel=1e-13) and n_hi[0] == pytest.approx(hi, rel=1e-13)
     squared = d.derivation.upper.squared or d.derivation.lower.squared
-    assert has_closed_pass(d) == (not squared)
+    assert d.closed_form_edges == (not squared)
 
 
 def test_generated_code_is_free_of_cancellation_near_one():

@@ -86,7 +86,7 @@ def test_every_cache_of_the_process_is_a_part_of_the_state():
     parts = set(STATE.sizes())
     assert {"kernels", "torch kernels", "torch namespaces", "torch intercepts", "tables",
             "device tables", "device grids", "device constants",
-            "numba kernels", "numba ready", "closed passes", "code digests",
+            "numba kernels", "numba ready", "closed-form limits", "code digests",
             "package fingerprints", "table fitters", "verl schedules"} <= parts
     assert all(STATE.describe()[name] for name in parts)
     assert "captured grids" not in parts  # (a captured CUDA graph reads them: never cleared)

@@ -31,7 +31,6 @@ from .._speed import registry
 pytest.importorskip("numba")
 from fbands._jit import backend as numba_backend  # noqa: E402
 from fbands._jit import table_kernels as _table_kernels  # noqa: E402
-from fbands._jit.codegen import has_closed_pass  # noqa: E402
 from fbands._solver import LP_CLOSED  # noqa: E402
 from fbands.tables import layout as _table_layout  # noqa: E402
 from fbands.tables.build import LAYOUTS  # noqa: E402
@@ -204,7 +203,7 @@ def test_the_layout_decodes_what_it_encodes():
 
 def _saturating_closed(name: str) -> bool:
     d = user.get(name)
-    return has_closed_pass(d) and math.isfinite(d.f0)
+    return d.closed_form_edges and math.isfinite(d.f0)
 
 
 SATURATING_CLOSED = [d for d in DIVS if _saturating_closed(d)]

@@ -208,7 +208,7 @@ def test_verl_micro_batch_call_reads_the_host_once(accelerator, name):
     with SyncDetector() as det:
         loss, metrics = call(old, new, adv, mask)
         loss.backward()
-    band_read = [("Tensor.tolist", "device_table")] if name == "band" else []
+    band_read = [("Tensor.tolist", "_settle")] if name == "band" else []
     assert [(f.op, f.where.rsplit(" ", 1)[-1]) for f in det.fbands_syncs()] == [
         *band_read, ("Tensor.tolist", "verl_metrics")], det.report()
     assert det.uploads == [], det.report()

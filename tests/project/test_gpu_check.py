@@ -125,7 +125,8 @@ def test_the_script_runs_shrunk_on_a_cpu(tmp_path):
     assert len(acc["rows"]) == 8 * 2 * 3 * 2 + 8 * 2
     assert {r["div"] for r in acc["rows"]} == set(
         ["kl", "reverse_kl", "tv", "chi2", "neyman_chi2", "hellinger", "js", "alpha(a=0.5)"])
-    assert {r["path"] for r in acc["rows"]} == {"device-grid", "device-table", "device-solver"}
+    assert {r["path"] for r in acc["rows"]} == {"device-grid", "device-closed", "device-table",
+                                                "device-solver"}
     for r in acc["rows"]:
         assert r["ok"], r
         if r["dtype"] == "float64":
