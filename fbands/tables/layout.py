@@ -15,7 +15,8 @@ choose one of its rows; the mantissa bits below those give the coordinate
 ``u in [-1, 1)`` of ``z`` on its row, exactly.
 
 Rows.  A row holds ``ROW`` float64 coefficients, powers ``DEG`` down to 0 of ``u``, lower
-and upper edge interleaved (one contiguous read), and a code of flag bits
+and upper edge interleaved (one contiguous read; the torch reader keeps them as columns, one
+gather each), and a code of flag bits
 (:data:`ROW_TOP`, :data:`ROW_EXACT`, :data:`ROW_EXP_LO`).
 
 Reading comes in two forms with the same steps: :func:`prepare_z_array`,
@@ -189,6 +190,7 @@ class ArrayOps:
     expm1: Any
     int64: Any
     float64: Any
+    take: Any
 
 
 def _closed(logp: bool) -> float:
@@ -205,7 +207,7 @@ def cells_of(x, logp: bool, kbits: int, ops: ArrayOps):
 
 def read_array(table, at_one: float, x, *, logp: bool, log: bool, ops: ArrayOps):
     """``(lower, upper, more)`` of the flat float64 array ``x`` (p, or log p) from
-    ``table`` (its ``coef``, ``row_code``, ``cells_info``, ``kbits`` and ``exp_lo``, arrays
+    ``table`` (its ``columns``, ``row_code``, ``cells_info``, ``kbits`` and ``exp_lo``, arrays
     of ``x``'s library and device; ``at_one``, the lower edge, or its log, at ``p = 1``):
     the cell from the bits of ``z``,
     the coordinate from the remaining mantissa bits, two Horner chains (the lower one
@@ -223,13 +225,12 @@ def read_array(table, at_one: float, x, *, logp: bool, log: bool, ops: ArrayOps)
     one = x == (0.0 if logp else 1.0)
     row, u = locate_array(z.view(ops.int64), high, table.cells_info, table.kbits, where,
                           ops.float64)
-    k = row * ROW
-    coef = table.coef
-    lo, hi = coef[k], coef[k + 1]
+    col, take = table.columns, ops.take  # (one gather a coefficient, no index arithmetic)
+    lo, hi = take(col[0], row), take(col[1], row)
     for i in range(1, DEG + 1):
-        lo = lo * u + coef[k + 2 * i]
-        hi = hi * u + coef[k + 2 * i + 1]
-    code = table.row_code[row]
+        lo = lo * u + take(col[2 * i], row)
+        hi = hi * u + take(col[2 * i + 1], row)
+    code = take(table.row_code, row)
     if table.exp_lo:  # rows whose lower polynomial is of log r
         lo = where((code & ROW_EXP_LO) != 0, ops.exp(lo), lo)
     hi = where(((code & ROW_TOP) != 0) | one, top, hi)

@@ -23,10 +23,11 @@ __all__ = ["DeviceGrid", "DeviceTable", "cells_reached", "device_grid", "device_
 
 @dataclass(frozen=True)
 class DeviceTable:
-    """One table on one device: its arrays as tensors, its layout bits, whether any row
-    gives its lower edge as an exponential, and the lower edge (or its log) at ``p = 1``."""
+    """One table on one device: its arrays as tensors (the coefficients as ``ROW`` columns,
+    one per power and edge: :data:`.layout.ROW`), its layout bits, whether any row gives its
+    lower edge as an exponential, and the lower edge (or its log) at ``p = 1``."""
 
-    coef: torch.Tensor
+    columns: torch.Tensor
     row_code: torch.Tensor
     cells_info: torch.Tensor
     kbits: int
@@ -61,9 +62,10 @@ def device_table(div, d: float, layout_name: str, log: bool, device, *,
 
 def _on_device(div, d, layout_name, log, table, device) -> DeviceTable:
     def copy(tab):
-        coef, code, info = (torch.from_numpy(a).to(device) for a in
-                            (tab.coef, tab.row_code.astype(np.int64), tab.cells_info))
-        return DeviceTable(coef, code, info, tab.kbits, tab.exp_lo,
+        columns = np.ascontiguousarray(tab.coef.reshape(-1, layout.ROW).T)
+        columns, code, info = (torch.from_numpy(a).to(device) for a in
+                               (columns, tab.row_code.astype(np.int64), tab.cells_info))
+        return DeviceTable(columns, code, info, tab.kbits, tab.exp_lo,
                            TABLES.at_one(div, d, layout_name, log))
 
     return TABLES.on_device(div, d, layout_name, log, table, device, copy)
@@ -71,7 +73,7 @@ def _on_device(div, d, layout_name, log, table, device) -> DeviceTable:
 
 #: torch's functions and types for :func:`.layout.read_array`.
 TORCH_OPS = layout.ArrayOps(torch.where, torch.exp, torch.log, torch.expm1, torch.int64,
-                            torch.float64)
+                            torch.float64, torch.take)
 
 
 def cells_reached(x, logp: bool, kbits: int) -> np.ndarray:
