@@ -100,8 +100,9 @@ from fbands.tables import torch_reader
 from fbands.tables.build import LAYOUTS
 
 __all__ = [
-    "MIN_CAPACITY", "NEWTON_STEPS", "ImplicitEdges", "TorchNamespace", "capacity",
-    "device_grid", "device_solver", "device_table", "run", "to_numpy", "with_grad",
+    "MIN_CAPACITY", "NEWTON_STEPS", "P_CLOSED", "ImplicitEdges", "TorchNamespace",
+    "capacity", "device_closed", "device_grid", "device_solver", "device_table", "run",
+    "to_numpy", "with_grad",
 ]
 
 #: Newton steps per edge of the fixed-count solver.  Enough for every built-in divergence

@@ -111,8 +111,7 @@ def read_grid(bounds, lowest: float, packed, x, xp: Any):
     dtype, any shape) from a grid's ``bounds``, its lowest float ``lowest`` and its rows
     packed by :func:`pack_rows` (arrays of ``x``'s library and device).  ``xp`` is numpy
     or torch: a search, one gather, the coordinate and two Horner chains side by side;
-    in torch eighteen operations (twelve kernels, the rest views), no host
-    read."""
+    in torch eighteen operations (twelve kernels, the rest views), no host read."""
     if xp is np:
         k = np.searchsorted(bounds, x, side="right")
         xc = np.maximum(x, lowest)
