@@ -16,8 +16,9 @@ Also: aten ops and host reads of one warm call of each torch path (a
 a fresh process with an empty disk cache (the first reads the tables, the second builds
 the grid).
 
-Each time is the best of several calls after a warm-up, in ns per token; ratios are
-numba time / path time (above 1: faster than numba).  Run::
+Each time is the best of several calls after a warm-up, numba, the grid and the tables
+taking turns call for call, in ns per token; ratios are numba time / path time (above 1:
+faster than numba).  Run::
 
     python benchmarks/bench_grid.py [--quick]
 """
@@ -58,13 +59,21 @@ def llm_logp(n: int, seed: int = 0) -> np.ndarray:
 
 
 def best(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
+    return best_of({"fn": fn}, repeats)["fn"]
+
+
+def best_of(fns: dict, repeats: int) -> dict:
+    """The least time of each function over ``repeats`` rounds after a warm-up call, the
+    functions taking turns call for call: the drift of a shared machine falls on all."""
+    for fn in fns.values():
         fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+    least = dict.fromkeys(fns, float("inf"))
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            least[name] = min(least[name], time.perf_counter() - t)
+    return least
 
 
 class _Count(TorchDispatchMode):
@@ -123,11 +132,15 @@ def main(argv=None) -> int:
     x = torch.from_numpy(lp)
     rows = []
     for div in DIVS:
-        t_num = best(lambda div=div: fbands.log_bounds(lp, DELTA, div, logp=True,
-                                                       backend="numba", check=False), repeats)
+        times = best_of({
+            "numba": lambda div=div: fbands.log_bounds(lp, DELTA, div, logp=True,
+                                                       backend="numba", check=False),
+            "grid": lambda div=div: _torch_call(x, div, DEVICE_GRID),
+            "table": lambda div=div: _torch_call(x, div, None)}, repeats)
+        t_num = times["numba"]
         row = {"div": div, "n": n, "numba_ns": t_num / n * 1e9}
         for name, path in (("grid", DEVICE_GRID), ("table", None)):
-            t = best(lambda div=div, path=path: _torch_call(x, div, path), repeats)
+            t = times[name]
             ops, reads = ops_and_reads(div, path)
             row |= {f"{name}_ns": t / n * 1e9, f"{name}_vs_numba": t_num / t,
                     f"{name}_ops": ops, f"{name}_host_reads": reads}
@@ -147,7 +160,8 @@ def main(argv=None) -> int:
     lines = ["# The grid beside the tables and numba (CPU tensors)", "",
              f"torch {meta['torch']}, {meta['threads']} threads, {n} float32 log-probabilities "
              f"(LLM-shaped, 1e-3 from the far tail), delta {DELTA}; ns per token, best of "
-             f"{repeats}; `x numba` = numba's time / the path's.", "",
+             f"{repeats}, the three taking turns call for call; `x numba` = numba's time / the "
+             "path's.", "",
              "| div | grid ns | x numba | ops | host reads | table ns | x numba | ops | "
              "host reads | numba ns | a radius's 1st call s | 2nd s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
