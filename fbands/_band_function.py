@@ -150,6 +150,8 @@ class BandFunction:
 LP_TINY = -300.0
 #: Below this log p the closed-form coefficients (products of several p) underflow.
 LP_CLOSED = -150.0
+#: ... and below this p: ``exp(LP_CLOSED)``.
+P_CLOSED = math.exp(LP_CLOSED)
 
 
 class TinyUpper(BandFunction):

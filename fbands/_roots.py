@@ -134,12 +134,18 @@ def squared_edge(fun: BandFunction, edge: str):
     return best
 
 
+def closed_forms(derivation) -> dict:
+    """The closed forms of a :class:`fbands.symbolic.Derivation` by name: the upper edge in
+    ``r - 1``, the lower one in ``r`` and in ``1 - r`` (None where it has none)."""
+    return {"upper": derivation.upper, "lower": derivation.lower,
+            "lower_y": derivation.lower_y}
+
+
 def squared_flags(derivation) -> dict[str, tuple]:
-    """The closed forms a :class:`fbands.symbolic.Derivation` has, as :func:`unsquared`
-    reads them: ``{name: (None, squared)}``."""
-    forms = {"upper": derivation.upper, "lower": derivation.lower,
-             "lower_y": derivation.lower_y}
-    return {name: (None, cf.squared) for name, cf in forms.items() if cf is not None}
+    """The closed forms a derivation has, as :func:`unsquared` reads them:
+    ``{name: (None, squared)}``."""
+    return {name: (None, cf.squared) for name, cf in closed_forms(derivation).items()
+            if cf is not None}
 
 
 def both_unsquared(derivation) -> bool:

@@ -25,13 +25,13 @@ once per machine: :mod:`fbands._jit.loader` keeps numba's cache on disk).
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import numba  # (the import error tells fbands that this backend is unusable)
 import numpy as np
 
 from fbands import _solver
+from fbands._band_function import P_CLOSED
 from fbands._inputs import NumpyInputs, Request, check_values, invalid_masks
 from fbands._jit import loader, table_kernels, threads
 from fbands._jit.loader import is_ready
@@ -68,7 +68,7 @@ def closed_pass(div, p, delta, request: Request):
     layout = _layout(p.dtype)
     at_one = TABLES.at_one(div, d, layout, False, NUMBA_FILLER)
     with threads.sized(x.size, "pass"):
-        loader.kernels(div).closed_pass(x, d, math.exp(LP_CLOSED), at_one,
+        loader.kernels(div).closed_pass(x, d, P_CLOSED, at_one,
                                         LAYOUTS[layout]["small_edge"], out_lo, out_hi,
                                         block_bad)
         idx = unfinished(out_lo, block_bad) if block_bad.any() else np.arange(0)
@@ -81,7 +81,7 @@ def table(div, p, delta, request: Request):
     d = float(delta)
     logp, log = request.logp, request.log
     x, out_lo, out_hi = _flat(p)
-    closed = LP_CLOSED if logp else math.exp(LP_CLOSED)
+    closed = LP_CLOSED if logp else P_CLOSED
     layout = _layout(p.dtype)
     at_one = TABLES.at_one(div, d, layout, bool(log), NUMBA_FILLER)
 
@@ -217,7 +217,7 @@ def precompile(div, dtype: str) -> None:
                 path(div, x, AHEAD_DELTA, Request(logp=logp, log=log, invalid="nan",
                                                   check=False))
     ts = TABLES.table_set(div, AHEAD_DELTA, _layout(ratios.dtype), NUMBA_FILLER)
-    closed = math.exp(LP_CLOSED)
+    closed = P_CLOSED
     table_kernels.touched_cells(ratios, False, ts.kbits, closed,
                                 np.zeros(ts.built.size, dtype=np.uint8))
     tab, out = ts.modes[False], np.empty_like(ratios)

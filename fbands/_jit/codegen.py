@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from fbands import symbolic
-from fbands._roots import squared_flags, unsquared
+from fbands._roots import closed_forms, squared_flags, unsquared
 
 __all__ = ["constants", "leaves_source"]
 
@@ -26,8 +26,7 @@ COEFFS = (2, 1, 0)
 
 
 def _forms(div) -> dict:
-    d = div.derivation
-    return {"upper": d.upper, "lower": d.lower, "lower_y": d.lower_y}
+    return closed_forms(div.derivation)
 
 
 def constants(div) -> dict[str, float | int | bool]:

@@ -79,7 +79,7 @@ try:
 except ModuleNotFoundError as exc:
     raise_missing(exc, "the torch backend")
 
-from fbands._band_function import LP_CLOSED
+from fbands._band_function import P_CLOSED
 from fbands._inputs import (
     Request,
     TensorInputs,
@@ -100,7 +100,7 @@ from fbands.tables import torch_reader
 from fbands.tables.build import LAYOUTS
 
 __all__ = [
-    "MIN_CAPACITY", "NEWTON_STEPS", "P_CLOSED", "ImplicitEdges", "TorchNamespace",
+    "MIN_CAPACITY", "NEWTON_STEPS", "ImplicitEdges", "TorchNamespace",
     "capacity", "device_closed", "device_grid", "device_solver", "device_table", "run",
     "to_numpy", "with_grad",
 ]
@@ -303,9 +303,6 @@ def device_table(div, p, d: float, request: Request, *, sync: bool, size=None):
         return _settle(div, p, x, d, lo, hi, more, request, sync=sync, size=size)
 
 
-#: ``exp(LP_CLOSED)``: the ``p`` below which the closed forms lose their coefficients to
-#: underflow (the solver's tails take over).
-P_CLOSED = math.exp(LP_CLOSED)
 _LIMITS = STATE.memo("closed-form limits", "the lower edge at p = 1 of the device-closed "
                      "path, by (divergence key, delta)", max_entries=256)
 
@@ -317,8 +314,9 @@ def device_closed(div, p, d: float, request: Request, *, sync: bool, size=None):
     takes them (:func:`fbands._roots.upper_root`, :func:`fbands._roots.lower_root`, the
     lower edge polished by a Newton step for float64 output), a few dozen elementwise
     kernels and no table.  The elements the roots cannot vouch for (ill-conditioned
-    roots, a lower edge below the output's ``small_edge``, ``p`` below :data:`P_CLOSED`)
-    are finished as on the ``device-table`` path (:func:`_settle`)."""
+    roots, a lower edge below the output's ``small_edge``, ``p`` below
+    :data:`fbands._band_function.P_CLOSED`) are finished as on the ``device-table`` path
+    (:func:`_settle`)."""
     layout = "float64" if p.dtype == torch.float64 else "float32"
     at_one = _LIMITS.get((div.key, d))
     if at_one is None:  # (eagerly: a traced call finds it here, a plain dict read)

@@ -29,13 +29,12 @@ and the build run without it.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from fbands._band_function import LN2, LP_CLOSED
+from fbands._band_function import LN2, LP_CLOSED, P_CLOSED
 
 # ----------------------------------------------------------------------------- float64 bits
 
@@ -194,7 +193,7 @@ class ArrayOps:
 
 
 def _closed(logp: bool) -> float:
-    return LP_CLOSED if logp else math.exp(LP_CLOSED)
+    return LP_CLOSED if logp else P_CLOSED
 
 
 def cells_of(x, logp: bool, kbits: int, ops: ArrayOps):
